@@ -1,0 +1,114 @@
+/*
+ * guanaco.h - the public C API of libguanaco.
+ *
+ * libguanaco lets llama.cpp run Mixture-of-Experts models whose expert weights
+ * do not fit in RAM. llama.cpp calls into it from a small patch series at four
+ * points, and nowhere else:
+ *
+ *   1. argument parsing:  guanaco_options_parse_argv() takes the --guanaco-*
+ *                         flags out of argv before llama.cpp's parser sees them;
+ *   2. model load:        guanaco_engine_open() reads the GGUF's expert layout,
+ *                         the loader asks guanaco_engine_is_expert_tensor() to
+ *                         mark those tensors lazy, and guanaco_engine_attach()
+ *                         sees where they were mapped;
+ *   3. context creation:  guanaco_hook_install() chains an eval callback that
+ *                         watches the router's choice (ffn_moe_topk) per layer;
+ *   4. teardown:          guanaco_hook_remove() and guanaco_engine_close().
+ *
+ * Conventions (after liburing): functions that can fail return 0 or a negative
+ * errno; objects are created and destroyed by the caller, never implicitly.
+ */
+#ifndef GUANACO_H
+#define GUANACO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ggml-backend.h" /* ggml_backend_sched_eval_callback */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- options ----------------------------------------------------------- */
+
+/* How expert pages that are not resident get read by the kernel's fault path. */
+enum guanaco_readahead {
+    GUANACO_READAHEAD_RANDOM = 0,     /* MADV_RANDOM: fault exactly the touched pages */
+    GUANACO_READAHEAD_NORMAL = 1,     /* kernel default readahead window */
+    GUANACO_READAHEAD_SEQUENTIAL = 2, /* MADV_SEQUENTIAL: aggressive readahead */
+};
+
+struct guanaco_options {
+    bool streaming;                   /* --guanaco-streaming */
+    enum guanaco_readahead readahead; /* --guanaco-readahead */
+    bool log;                         /* GUANACO_LOG / --guanaco-log */
+};
+
+/*
+ * Remove every --guanaco-* argument from argv (shifting the rest down and
+ * updating *argc), validate it and store it as the process's options. Flags
+ * override the environment (GUANACO_X and LLAMA_ARG_GUANACO_X). Seeing -h or
+ * --help also prints Guanaco's own flags. Returns 0, or -EINVAL after printing
+ * a message that names the flag and the accepted values.
+ */
+int guanaco_options_parse_argv(int *argc, char **argv);
+
+/*
+ * The options in force: defaults, then the environment, then any flags given
+ * to guanaco_options_parse_argv(). Returns -EINVAL (with a message) when an
+ * environment variable holds an invalid value.
+ */
+int guanaco_options_get(struct guanaco_options *out);
+
+/* ---- engine: one per loaded model ---------------------------------------- */
+
+struct guanaco_engine;
+
+/*
+ * Open the engine for a model being loaded from `path` (and `n_split_paths`
+ * shards in `split_paths`, or none for a single file). `dry_run` is for the
+ * loader's no-compute memory-fit pass: same decisions, no mapping, no output.
+ *
+ * Returns 0 and sets *out to NULL when streaming is off or the model is dense
+ * (no *_exps tensors; it then says so in one line), 0 with an engine, or a
+ * negative errno with a message when the file cannot be understood.
+ */
+int guanaco_engine_open(const char *path, const char *const *split_paths, size_t n_split_paths,
+                        bool dry_run, struct guanaco_engine **out);
+
+/* True when `tensor_name` is an expert tensor (blk.N.ffn_*_exps.*) of this model. */
+bool guanaco_engine_is_expert_tensor(const struct guanaco_engine *engine, const char *tensor_name);
+
+/*
+ * After the loader has created and mapped the tensors: look each expert tensor
+ * up through `lookup` and apply the chosen readahead advice to its pages.
+ * Returns 0 or a negative errno with a message.
+ */
+typedef struct ggml_tensor *(*guanaco_tensor_lookup)(const char *name, void *user);
+int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup lookup, void *user);
+
+/* Print the summary line and free the engine. NULL is accepted. */
+void guanaco_engine_close(struct guanaco_engine *engine);
+
+/* Accesses counted so far for (layer, expert); 0 when out of range. */
+uint64_t guanaco_engine_access_count(const struct guanaco_engine *engine, int layer, int expert);
+
+/* ---- the router hook: one per context ----------------------------------- */
+
+/*
+ * Chain Guanaco's eval callback in front of *callback / *user_data, which
+ * are replaced. Does nothing (returns 0) when engine is NULL. Returns -ENOMEM.
+ */
+int guanaco_hook_install(struct guanaco_engine *engine, ggml_backend_sched_eval_callback *callback,
+                         void **user_data);
+
+/* Undo guanaco_hook_install() given the installed pair; other pairs are ignored. */
+void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_data);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GUANACO_H */

@@ -1,0 +1,218 @@
+/*
+ * engine.c - owns one model's Guanaco state from load to free: deciding
+ * whether the model streams at all (flag on, experts present), telling the
+ * loader which tensors are experts, checking that the experts really are
+ * zero-copy views of the file mapping and giving their pages the chosen
+ * readahead advice, counting router decisions, and the closing summary.
+ */
+#include "engine.h"
+#include "log.h"
+
+#include "ggml-backend.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static const char *readahead_name(enum guanaco_readahead readahead) {
+    switch (readahead) {
+    case GUANACO_READAHEAD_NORMAL: return "normal";
+    case GUANACO_READAHEAD_SEQUENTIAL: return "sequential";
+    default: return "random";
+    }
+}
+
+static double gib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
+
+int guanaco_engine_open(const char *path, const char *const *split_paths, size_t n_split_paths, bool dry_run,
+                        struct guanaco_engine **out) {
+    *out = NULL;
+    struct guanaco_options options;
+    int err = guanaco_options_get(&options);
+    if (err < 0) {
+        return err;
+    }
+    if (!options.streaming) {
+        return 0;
+    }
+    struct guanaco_engine *engine = calloc(1, sizeof(*engine));
+    if (!engine) {
+        return -ENOMEM;
+    }
+    engine->options = options;
+    engine->dry_run = dry_run;
+    err = guanaco_manifest_load(path, split_paths, n_split_paths, &engine->manifest);
+    if (err < 0) {
+        free(engine);
+        return err;
+    }
+    const struct guanaco_manifest *m = &engine->manifest;
+    if (m->n_tensors == 0) {
+        if (!dry_run) {
+            guanaco_log_info("dense model (%s, no expert tensors): nothing to stream, loading normally", m->arch);
+        }
+        guanaco_engine_close(engine);
+        return 0;
+    }
+    engine->moe_layer_of = calloc((size_t)m->n_layer, sizeof(*engine->moe_layer_of));
+    engine->access_count = calloc((size_t)m->n_layer * (size_t)m->n_expert, sizeof(*engine->access_count));
+    if (!engine->moe_layer_of || !engine->access_count) {
+        guanaco_engine_close(engine);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        engine->moe_layer_of[m->tensors[i].layer] = 1;
+    }
+    if (!dry_run) {
+        guanaco_log_info("model %s: %d experts, top-%d, %d layers (%d MoE)", m->arch, m->n_expert,
+                         m->n_expert_used, m->n_layer, m->n_moe_layers);
+        guanaco_log_info("parsed %zu expert tensors across %d MoE layers from %d shard%s", m->n_tensors,
+                         m->n_moe_layers, m->n_shards, m->n_shards == 1 ? "" : "s");
+    }
+    *out = engine;
+    return 0;
+}
+
+bool guanaco_engine_is_expert_tensor(const struct guanaco_engine *engine, const char *tensor_name) {
+    return engine && guanaco_manifest_find(&engine->manifest, tensor_name) != NULL;
+}
+
+static int advise_expert_pages(const struct guanaco_engine *engine, void *data, uint64_t nbytes) {
+    int advice = MADV_RANDOM;
+    if (engine->options.readahead == GUANACO_READAHEAD_NORMAL) {
+        advice = MADV_NORMAL;
+    } else if (engine->options.readahead == GUANACO_READAHEAD_SEQUENTIAL) {
+        advice = MADV_SEQUENTIAL;
+    }
+    /* Advice, not eviction: rounding outward only touches the flags of a neighbour's edge page. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t begin = (uintptr_t)data & ~(page - 1);
+    uintptr_t end = ((uintptr_t)data + nbytes + page - 1) & ~(page - 1);
+    if (madvise((void *)begin, end - begin, advice) != 0) {
+        return -errno;
+    }
+    return 0;
+}
+
+int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup lookup, void *user) {
+    if (!engine || engine->dry_run) {
+        return 0; /* the memory-fit pass maps nothing */
+    }
+    const struct guanaco_manifest *m = &engine->manifest;
+    char **mapping_base = calloc((size_t)m->n_shards, sizeof(*mapping_base));
+    if (!mapping_base) {
+        return -ENOMEM;
+    }
+    size_t attached = 0;
+    uint64_t attached_bytes = 0;
+    int err = 0;
+    for (size_t i = 0; i < m->n_tensors && err == 0; i++) {
+        const struct guanaco_expert_tensor *e = &m->tensors[i];
+        struct ggml_tensor *t = lookup(e->name, user);
+        if (!t) {
+            continue; /* in the file but not used by this model (e.g. a skipped MTP block) */
+        }
+        if (!t->buffer || !ggml_backend_buffer_is_host(t->buffer) || !t->data) {
+            guanaco_log_error("expert tensor %s is not in host memory; streaming needs it mapped from the file",
+                              e->name);
+            err = -EINVAL;
+            break;
+        }
+        /* Zero-copy tensors point into the mapping, so data - offset is the same for a whole shard. */
+        char *base = (char *)t->data - e->file_offset;
+        if (!mapping_base[e->shard]) {
+            mapping_base[e->shard] = base;
+        } else if (mapping_base[e->shard] != base) {
+            guanaco_log_error("expert tensor %s was copied out of the file mapping; streaming needs mmap", e->name);
+            err = -EINVAL;
+            break;
+        }
+        err = advise_expert_pages(engine, t->data, e->nbytes);
+        if (err < 0) {
+            guanaco_log_error("madvise over expert tensor %s failed: %s", e->name, strerror(-err));
+            break;
+        }
+        attached++;
+        attached_bytes += e->nbytes;
+    }
+    free(mapping_base);
+    if (err == 0 && !engine->dry_run) {
+        guanaco_log_info("streaming %zu expert tensors (%.2f GiB of %.2f GiB): not read at load, readahead=%s; "
+                         "non-expert weights prefetched",
+                         attached, gib(attached_bytes), gib(m->total_bytes), readahead_name(engine->options.readahead));
+    }
+    return err;
+}
+
+void guanaco_engine_count_routing(struct guanaco_engine *engine, int layer, const int32_t *ids, int k,
+                                  int n_tokens) {
+    const int n_expert = engine->manifest.n_expert;
+    _Atomic uint64_t *row = engine->access_count + (size_t)layer * (size_t)n_expert;
+    uint64_t invalid = 0;
+    for (int i = 0; i < k * n_tokens; i++) {
+        int32_t id = ids[i];
+        if (id < 0 || id >= n_expert) {
+            invalid++;
+            continue;
+        }
+        atomic_fetch_add_explicit(&row[id], 1, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&engine->routed_tokens, (uint64_t)n_tokens, memory_order_relaxed);
+    atomic_fetch_add_explicit(&engine->router_calls, 1, memory_order_relaxed);
+    if (invalid) {
+        atomic_fetch_add_explicit(&engine->invalid_ids, invalid, memory_order_relaxed);
+    }
+}
+
+uint64_t guanaco_engine_access_count(const struct guanaco_engine *engine, int layer, int expert) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    if (!engine->access_count || layer < 0 || layer >= m->n_layer || expert < 0 || expert >= m->n_expert) {
+        return 0;
+    }
+    return atomic_load(&engine->access_count[(size_t)layer * (size_t)m->n_expert + (size_t)expert]);
+}
+
+static void print_summary(const struct guanaco_engine *engine) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    uint64_t accesses = 0, pairs_used = 0;
+    double busiest_share = 0.0;
+    for (int layer = 0; layer < m->n_layer; layer++) {
+        if (!engine->moe_layer_of[layer]) {
+            continue;
+        }
+        uint64_t layer_total = 0, layer_max = 0;
+        for (int e = 0; e < m->n_expert; e++) {
+            uint64_t c = guanaco_engine_access_count(engine, layer, e);
+            layer_total += c;
+            layer_max = c > layer_max ? c : layer_max;
+            pairs_used += c > 0;
+        }
+        accesses += layer_total;
+        if (layer_total && (double)layer_max / (double)layer_total > busiest_share) {
+            busiest_share = (double)layer_max / (double)layer_total;
+        }
+    }
+    uint64_t routed = atomic_load(&engine->routed_tokens);
+    uint64_t tokens = m->n_moe_layers ? routed / (uint64_t)m->n_moe_layers : 0;
+    guanaco_log_info("summary: %llu tokens routed through %d MoE layers: %llu expert accesses, %llu/%llu "
+                     "(layer, expert) pairs used, busiest expert took %.1f%% of its layer, %llu invalid ids",
+                     (unsigned long long)tokens, m->n_moe_layers, (unsigned long long)accesses,
+                     (unsigned long long)pairs_used, (unsigned long long)m->n_moe_layers * (unsigned long long)m->n_expert,
+                     100.0 * busiest_share, (unsigned long long)atomic_load(&engine->invalid_ids));
+}
+
+void guanaco_engine_close(struct guanaco_engine *engine) {
+    if (!engine) {
+        return;
+    }
+    if (!engine->dry_run && engine->access_count) {
+        print_summary(engine);
+    }
+    free(engine->access_count);
+    free(engine->moe_layer_of);
+    guanaco_manifest_free(&engine->manifest);
+    free(engine);
+}

@@ -1,0 +1,146 @@
+/*
+ * hook.c - owns the eval-callback glue between ggml's scheduler and the
+ * engine: asking for exactly one node per MoE layer (ffn_moe_topk), reading
+ * the router's expert ids through the view's strides (copying them off the
+ * device when they are not in host memory), and chaining whatever callback
+ * the user had installed.
+ *
+ * Why only ffn_moe_topk: each node we ask for ends a scheduler chunk and
+ * costs a synchronisation (REFERENCE.md section 2). One per layer is ~0.2 ms
+ * per token; asking for every node made decode 2.6x slower in the seed.
+ */
+#include "engine.h"
+#include "log.h"
+
+#include "ggml-backend.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROUTER_NODE_PREFIX "ffn_moe_topk-"
+
+struct guanaco_hook {
+    struct guanaco_engine *engine;
+    ggml_backend_sched_eval_callback user_callback;
+    void *user_data;
+    int32_t *ids;        /* scratch: one ubatch of ids, contiguous */
+    size_t ids_capacity; /* in int32 */
+    void *device_copy;   /* scratch for ids that live in device memory */
+    size_t device_copy_capacity;
+};
+
+/* The MoE layer of a router node, or -1. Called for every node of every graph: keep it cheap. */
+static int router_layer(const struct guanaco_engine *engine, const struct ggml_tensor *t) {
+    if (t->name[0] != 'f' || strncmp(t->name, ROUTER_NODE_PREFIX, sizeof(ROUTER_NODE_PREFIX) - 1) != 0) {
+        return -1;
+    }
+    const char *digits = t->name + sizeof(ROUTER_NODE_PREFIX) - 1;
+    int layer = 0;
+    if (*digits == '\0') {
+        return -1;
+    }
+    for (; *digits; digits++) {
+        if (*digits < '0' || *digits > '9' || layer > 1000000) {
+            return -1;
+        }
+        layer = layer * 10 + (*digits - '0');
+    }
+    if (layer >= engine->manifest.n_layer || !engine->moe_layer_of[layer]) {
+        return -1;
+    }
+    return layer;
+}
+
+static int grow(void **buffer, size_t *capacity, size_t needed) {
+    if (needed <= *capacity) {
+        return 0;
+    }
+    void *grown = realloc(*buffer, needed);
+    if (!grown) {
+        return -ENOMEM;
+    }
+    *buffer = grown;
+    *capacity = needed;
+    return 0;
+}
+
+/* Gathers the [k, n_tokens] ids of a strided I32 view into hook->ids. */
+static int read_router_ids(struct guanaco_hook *hook, const struct ggml_tensor *t, int *k, int *n_tokens) {
+    if (t->type != GGML_TYPE_I32) {
+        return -EINVAL;
+    }
+    *k = (int)t->ne[0];
+    *n_tokens = (int)t->ne[1];
+    const char *base = t->data;
+    /* No buffer means a plain ggml context: host memory. */
+    if (t->buffer && !ggml_backend_buffer_is_host(t->buffer)) {
+        size_t span = ggml_nbytes(t);
+        if (grow(&hook->device_copy, &hook->device_copy_capacity, span) < 0) {
+            return -ENOMEM;
+        }
+        ggml_backend_tensor_get((struct ggml_tensor *)t, hook->device_copy, 0, span);
+        base = hook->device_copy;
+    }
+    size_t count = (size_t)*k * (size_t)*n_tokens;
+    size_t capacity_bytes = hook->ids_capacity * sizeof(int32_t);
+    if (grow((void **)&hook->ids, &capacity_bytes, count * sizeof(int32_t)) < 0) {
+        return -ENOMEM;
+    }
+    hook->ids_capacity = capacity_bytes / sizeof(int32_t);
+    for (int token = 0; token < *n_tokens; token++) {
+        const char *row = base + (size_t)token * t->nb[1];
+        for (int slot = 0; slot < *k; slot++) {
+            memcpy(&hook->ids[(size_t)token * (size_t)*k + (size_t)slot], row + (size_t)slot * t->nb[0],
+                   sizeof(int32_t));
+        }
+    }
+    return 0;
+}
+
+static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_data) {
+    struct guanaco_hook *hook = user_data;
+    const int layer = router_layer(hook->engine, t);
+    const bool user_wants = hook->user_callback && hook->user_callback(t, true, hook->user_data);
+    if (ask) {
+        return layer >= 0 || user_wants;
+    }
+    if (layer >= 0) {
+        int k = 0, n_tokens = 0;
+        if (read_router_ids(hook, t, &k, &n_tokens) == 0) {
+            guanaco_engine_count_routing(hook->engine, layer, hook->ids, k, n_tokens);
+        }
+    }
+    /* false at ask=false makes the scheduler skip the rest of the split: only the user may say that. */
+    return user_wants ? hook->user_callback(t, false, hook->user_data) : true;
+}
+
+int guanaco_hook_install(struct guanaco_engine *engine, ggml_backend_sched_eval_callback *callback,
+                         void **user_data) {
+    if (!engine) {
+        return 0;
+    }
+    struct guanaco_hook *hook = calloc(1, sizeof(*hook));
+    if (!hook) {
+        return -ENOMEM;
+    }
+    hook->engine = engine;
+    hook->user_callback = *callback;
+    hook->user_data = *user_data;
+    *callback = guanaco_eval_callback;
+    *user_data = hook;
+    atomic_fetch_add(&engine->hooks, 1);
+    return 0;
+}
+
+void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_data) {
+    if (callback != guanaco_eval_callback || !user_data) {
+        return;
+    }
+    struct guanaco_hook *hook = user_data;
+    atomic_fetch_sub(&hook->engine->hooks, 1);
+    free(hook->ids);
+    free(hook->device_copy);
+    free(hook);
+}

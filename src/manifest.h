@@ -1,0 +1,58 @@
+/*
+ * manifest.h - owns the map from a (possibly sharded) GGUF model to its
+ * expert slices: which tensors hold experts, in which shard and at which file
+ * offset, and how many bytes one expert takes in each. Built from the gguf
+ * API's metadata only; no tensor data is read.
+ */
+#ifndef GUANACO_MANIFEST_H
+#define GUANACO_MANIFEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ggml.h"
+
+struct guanaco_expert_tensor {
+    char name[GGML_MAX_NAME];
+    int layer;
+    int shard;              /* index into guanaco_manifest.shard_paths */
+    uint64_t file_offset;   /* absolute offset of the tensor's first byte in its shard */
+    uint64_t nbytes;        /* whole tensor */
+    uint64_t expert_stride; /* bytes of one expert: expert e is [e*stride, (e+1)*stride) */
+    enum ggml_type type;
+};
+
+struct guanaco_manifest {
+    char arch[64];
+    int n_layer;        /* block_count */
+    int n_expert;       /* expert_count */
+    int n_expert_used;  /* expert_used_count */
+    int n_moe_layers;   /* layers with at least one *_exps tensor */
+    int n_shards;
+    char **shard_paths;
+    uint64_t *shard_sizes;
+    struct guanaco_expert_tensor *tensors; /* sorted by (layer, name) */
+    size_t n_tensors;
+    uint64_t expert_bytes;  /* sum of nbytes over expert tensors */
+    uint64_t total_bytes;   /* sum of all tensor bytes */
+};
+
+/*
+ * Read the layout of the model at `path` (or of `n_split_paths` shards).
+ * Returns 0, or a negative errno after printing why: -ENOENT (missing),
+ * -EINVAL (not GGUF, inconsistent expert shapes), -EIO (truncated file).
+ * A dense model is success with n_tensors == 0.
+ */
+int guanaco_manifest_load(const char *path, const char *const *split_paths, size_t n_split_paths,
+                          struct guanaco_manifest *out);
+
+void guanaco_manifest_free(struct guanaco_manifest *manifest);
+
+/* The expert tensor called `name`, or NULL. O(log n). */
+const struct guanaco_expert_tensor *guanaco_manifest_find(const struct guanaco_manifest *manifest,
+                                                          const char *name);
+
+/* True when a tensor name has the shape of an expert tensor: blk.N.*_exps.* */
+int guanaco_tensor_name_is_expert(const char *name, int *layer);
+
+#endif

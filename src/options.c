@@ -1,0 +1,228 @@
+/*
+ * options.c - owns Guanaco's user-facing knobs: the table of --guanaco-*
+ * flags, their environment overrides (GUANACO_X and llama.cpp's
+ * LLAMA_ARG_GUANACO_X), validation with messages that name the flag and the
+ * accepted values, and the process-wide option values that result.
+ *
+ * The options are process-wide because llama.cpp's tools parse argv once,
+ * before any model exists, and llama-bench has a parser of its own: taking our
+ * flags out of argv here keeps the patch series to one call per parser.
+ */
+#include "guanaco.h"
+#include "log.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum option_kind { OPTION_BOOL, OPTION_CHOICE };
+
+struct option_spec {
+    const char *flag;          /* without the leading "--" */
+    const char *env;           /* GUANACO_ name; LLAMA_ARG_ is prepended for the other form */
+    enum option_kind kind;
+    const char *const *choices; /* OPTION_CHOICE: NULL-terminated, index = stored value */
+    const char *help;
+};
+
+static const char *const readahead_choices[] = {"random", "normal", "sequential", NULL};
+
+enum option_id { OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_COUNT };
+
+static const struct option_spec option_specs[OPTION_COUNT] = {
+    [OPTION_STREAMING] = {"guanaco-streaming", "GUANACO_STREAMING", OPTION_BOOL, NULL,
+                          "do not read expert tensors at load; fetch them from disk as the router needs them"},
+    [OPTION_READAHEAD] = {"guanaco-readahead", "GUANACO_READAHEAD", OPTION_CHOICE, readahead_choices,
+                          "kernel readahead advice over expert pages (default: random)"},
+    [OPTION_LOG] = {"guanaco-log", "GUANACO_LOG", OPTION_BOOL, NULL,
+                    "print Guanaco's status lines (default: on)"},
+};
+
+struct option_state {
+    int value[OPTION_COUNT];
+    bool set_by_flag[OPTION_COUNT];
+};
+
+static struct option_state flag_state;
+static pthread_mutex_t flag_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static int default_value(enum option_id id) {
+    switch (id) {
+    case OPTION_STREAMING: return 0;
+    case OPTION_READAHEAD: return GUANACO_READAHEAD_RANDOM;
+    case OPTION_LOG: return 1;
+    default: return 0;
+    }
+}
+
+static void describe_accepted(const struct option_spec *spec, char *buf, size_t size) {
+    if (spec->kind == OPTION_BOOL) {
+        snprintf(buf, size, "on|off|1|0|true|false");
+        return;
+    }
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; spec->choices[i]; i++) {
+        int n = snprintf(buf + used, size - used, "%s%s", i ? "|" : "", spec->choices[i]);
+        if (n < 0 || (size_t)n >= size - used) {
+            break;
+        }
+        used += (size_t)n;
+    }
+}
+
+/* Returns 0 and the parsed value, or -EINVAL after naming `source` in a message. */
+static int parse_value(const struct option_spec *spec, const char *source, const char *text, int *value) {
+    if (spec->kind == OPTION_BOOL) {
+        static const char *const truthy[] = {"1", "on", "true", "yes"};
+        static const char *const falsy[] = {"0", "off", "false", "no"};
+        for (size_t i = 0; i < 4; i++) {
+            if (strcasecmp(text, truthy[i]) == 0) { *value = 1; return 0; }
+            if (strcasecmp(text, falsy[i]) == 0) { *value = 0; return 0; }
+        }
+    } else {
+        for (int i = 0; spec->choices[i]; i++) {
+            if (strcmp(text, spec->choices[i]) == 0) { *value = i; return 0; }
+        }
+    }
+    char accepted[128];
+    describe_accepted(spec, accepted, sizeof(accepted));
+    guanaco_log_error("invalid value '%s' for %s: expected one of %s", text, source, accepted);
+    return -EINVAL;
+}
+
+/* The environment's value for one option: LLAMA_ARG_GUANACO_X wins over GUANACO_X. */
+static int read_env(enum option_id id, int *value, bool *found) {
+    const struct option_spec *spec = &option_specs[id];
+    char llama_name[96];
+    snprintf(llama_name, sizeof(llama_name), "LLAMA_ARG_%s", spec->env);
+    const char *names[2] = {llama_name, spec->env};
+    *found = false;
+    for (int i = 0; i < 2; i++) {
+        const char *text = getenv(names[i]);
+        if (text && text[0]) {
+            *found = true;
+            return parse_value(spec, names[i], text, value);
+        }
+    }
+    return 0;
+}
+
+int guanaco_options_get(struct guanaco_options *out) {
+    int value[OPTION_COUNT];
+    int err = 0;
+    pthread_mutex_lock(&flag_mutex);
+    for (int id = 0; id < OPTION_COUNT; id++) {
+        if (flag_state.set_by_flag[id]) {
+            value[id] = flag_state.value[id];
+            continue;
+        }
+        bool found = false;
+        int rc = read_env((enum option_id)id, &value[id], &found);
+        if (rc < 0) {
+            err = rc;
+        }
+        if (rc < 0 || !found) {
+            value[id] = default_value((enum option_id)id);
+        }
+    }
+    pthread_mutex_unlock(&flag_mutex);
+    out->streaming = value[OPTION_STREAMING] != 0;
+    out->readahead = (enum guanaco_readahead)value[OPTION_READAHEAD];
+    out->log = value[OPTION_LOG] != 0;
+    guanaco_log_set_enabled(out->log);
+    return err;
+}
+
+static void print_help(void) {
+    printf("\n----- Guanaco (MoE expert streaming) -----\n\n");
+    for (int id = 0; id < OPTION_COUNT; id++) {
+        const struct option_spec *spec = &option_specs[id];
+        char accepted[128];
+        describe_accepted(spec, accepted, sizeof(accepted));
+        char usage[160];
+        if (spec->kind == OPTION_BOOL) {
+            snprintf(usage, sizeof(usage), "--%s[=%s]", spec->flag, accepted);
+        } else {
+            snprintf(usage, sizeof(usage), "--%s {%s}", spec->flag, accepted);
+        }
+        printf("%-48s %s\n%-48s (env: %s, LLAMA_ARG_%s)\n", usage, spec->help, "", spec->env, spec->env);
+    }
+    printf("\n");
+}
+
+static const struct option_spec *find_flag(const char *arg, enum option_id *id, const char **inline_value) {
+    if (strncmp(arg, "--", 2) != 0) {
+        return NULL;
+    }
+    const char *name = arg + 2;
+    for (int i = 0; i < OPTION_COUNT; i++) {
+        size_t len = strlen(option_specs[i].flag);
+        if (strncmp(name, option_specs[i].flag, len) == 0 && (name[len] == '\0' || name[len] == '=')) {
+            *id = (enum option_id)i;
+            *inline_value = name[len] == '=' ? name + len + 1 : NULL;
+            return &option_specs[i];
+        }
+    }
+    return NULL;
+}
+
+int guanaco_options_parse_argv(int *argc, char **argv) {
+    int kept = 1;
+    int err = 0;
+    bool help = false;
+    for (int i = 1; i < *argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0 || strcmp(arg, "--usage") == 0) {
+            help = true;
+        }
+        enum option_id id;
+        const char *value_text = NULL;
+        const struct option_spec *spec = find_flag(arg, &id, &value_text);
+        if (!spec) {
+            if (strncmp(arg, "--guanaco-", 10) == 0) {
+                guanaco_log_error("unknown flag %s (see --help for Guanaco's flags)", arg);
+                err = -EINVAL;
+            }
+            argv[kept++] = argv[i];
+            continue;
+        }
+        if (!value_text && spec->kind == OPTION_BOOL) {
+            value_text = "on";
+        } else if (!value_text) {
+            if (i + 1 >= *argc) {
+                char accepted[128];
+                describe_accepted(spec, accepted, sizeof(accepted));
+                guanaco_log_error("--%s needs a value: one of %s", spec->flag, accepted);
+                err = -EINVAL;
+                continue;
+            }
+            value_text = argv[++i];
+        }
+        char source[80];
+        snprintf(source, sizeof(source), "--%s", spec->flag);
+        int value;
+        if (parse_value(spec, source, value_text, &value) < 0) {
+            err = -EINVAL;
+            continue;
+        }
+        pthread_mutex_lock(&flag_mutex);
+        flag_state.value[id] = value;
+        flag_state.set_by_flag[id] = true;
+        pthread_mutex_unlock(&flag_mutex);
+    }
+    argv[kept] = NULL;
+    *argc = kept;
+    if (help) {
+        print_help();
+    }
+    if (err == 0) {
+        /* Validate the environment now too, so a bad GUANACO_X fails before any work. */
+        struct guanaco_options ignored;
+        err = guanaco_options_get(&ignored);
+    }
+    return err;
+}

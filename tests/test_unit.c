@@ -1,0 +1,246 @@
+/*
+ * test_unit.c - owns the unit tests of libguanaco that need no llama.cpp
+ * model: flag and environment parsing, expert-name recognition, the manifest
+ * read from a GGUF written here with ggml's gguf API (including a truncated
+ * one), the engine's dense passthrough, and the router hook reading a strided
+ * ffn_moe_topk view and chaining a user callback.
+ */
+#include "engine.h"
+#include "guanaco.h"
+#include "manifest.h"
+
+#include "gguf.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int passed, failed;
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (cond) {                                                                  \
+            passed++;                                                                \
+        } else {                                                                     \
+            failed++;                                                                \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);          \
+        }                                                                            \
+    } while (0)
+
+static void test_expert_names(void) {
+    int layer = -1;
+    CHECK(guanaco_tensor_name_is_expert("blk.12.ffn_gate_exps.weight", &layer) && layer == 12);
+    CHECK(guanaco_tensor_name_is_expert("blk.0.ffn_gate_up_exps.weight", &layer) && layer == 0);
+    CHECK(guanaco_tensor_name_is_expert("blk.3.ffn_down_exps.bias", &layer) && layer == 3);
+    CHECK(!guanaco_tensor_name_is_expert("blk.3.ffn_down_shexp.weight", NULL));
+    CHECK(!guanaco_tensor_name_is_expert("blk.3.ffn_gate_inp.weight", NULL));
+    CHECK(!guanaco_tensor_name_is_expert("token_embd.weight", NULL));
+    CHECK(!guanaco_tensor_name_is_expert("blk.x.ffn_up_exps.weight", NULL));
+    CHECK(!guanaco_tensor_name_is_expert("blk.1.ffn_up_exps.weight.extra", NULL));
+}
+
+static void test_options(void) {
+    struct guanaco_options options;
+    unsetenv("GUANACO_STREAMING");
+    unsetenv("LLAMA_ARG_GUANACO_STREAMING");
+    CHECK(guanaco_options_get(&options) == 0 && !options.streaming && options.readahead == GUANACO_READAHEAD_RANDOM);
+
+    setenv("GUANACO_STREAMING", "1", 1);
+    CHECK(guanaco_options_get(&options) == 0 && options.streaming);
+    setenv("LLAMA_ARG_GUANACO_STREAMING", "off", 1); /* llama.cpp's spelling wins over ours */
+    CHECK(guanaco_options_get(&options) == 0 && !options.streaming);
+    setenv("GUANACO_STREAMING", "banana", 1);
+    unsetenv("LLAMA_ARG_GUANACO_STREAMING");
+    CHECK(guanaco_options_get(&options) == -EINVAL);
+    unsetenv("GUANACO_STREAMING");
+
+    char a0[] = "tool", a1[] = "-m", a2[] = "x.gguf", a3[] = "--guanaco-streaming", a4[] = "--guanaco-readahead",
+         a5[] = "normal", a6[] = "-n", a7[] = "4";
+    char *argv[] = {a0, a1, a2, a3, a4, a5, a6, a7, NULL};
+    int argc = 8;
+    CHECK(guanaco_options_parse_argv(&argc, argv) == 0);
+    CHECK(argc == 5 && strcmp(argv[1], "-m") == 0 && strcmp(argv[3], "-n") == 0 && argv[5] == NULL);
+    CHECK(guanaco_options_get(&options) == 0 && options.streaming && options.readahead == GUANACO_READAHEAD_NORMAL);
+
+    setenv("GUANACO_STREAMING", "0", 1); /* a flag beats the environment */
+    CHECK(guanaco_options_get(&options) == 0 && options.streaming);
+    unsetenv("GUANACO_STREAMING");
+
+    char b1[] = "--guanaco-streaming=maybe";
+    char *bad1[] = {a0, b1, NULL};
+    argc = 2;
+    CHECK(guanaco_options_parse_argv(&argc, bad1) == -EINVAL);
+    char b2[] = "--guanaco-readahead";
+    char *bad2[] = {a0, b2, NULL};
+    argc = 2;
+    CHECK(guanaco_options_parse_argv(&argc, bad2) == -EINVAL);
+    char b3[] = "--guanaco-nonsense";
+    char *bad3[] = {a0, b3, NULL};
+    argc = 2;
+    CHECK(guanaco_options_parse_argv(&argc, bad3) == -EINVAL);
+    char b4[] = "--guanaco-streaming=off";
+    char *off[] = {a0, b4, NULL};
+    argc = 2;
+    CHECK(guanaco_options_parse_argv(&argc, off) == 0 && argc == 1);
+}
+
+enum { TEST_EXPERTS = 4, TEST_EMBD = 64, TEST_FF = 32, TEST_LAYERS = 3 };
+
+/* A model-shaped GGUF: layer 0 dense, layers 1-2 with experts. Returns the file size. */
+static long write_test_gguf(const char *path, bool with_experts) {
+    struct ggml_init_params params = {.mem_size = 64 * 1024 * 1024, .mem_buffer = NULL, .no_alloc = false};
+    struct ggml_context *ctx = ggml_init(params);
+    struct gguf_context *gguf = gguf_init_empty();
+    gguf_set_val_str(gguf, "general.architecture", "qwen3moe");
+    gguf_set_val_u32(gguf, "qwen3moe.block_count", TEST_LAYERS);
+    gguf_set_val_u32(gguf, "qwen3moe.expert_count", TEST_EXPERTS);
+    gguf_set_val_u32(gguf, "qwen3moe.expert_used_count", 2);
+    struct ggml_tensor *embd = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, TEST_EMBD, 16);
+    ggml_set_name(embd, "token_embd.weight");
+    memset(embd->data, 0, ggml_nbytes(embd));
+    gguf_add_tensor(gguf, embd);
+    for (int layer = 1; with_experts && layer < TEST_LAYERS; layer++) {
+        const char *parts[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+        for (int p = 0; p < 3; p++) {
+            struct ggml_tensor *t = p == 2 ? ggml_new_tensor_3d(ctx, GGML_TYPE_F16, TEST_FF, TEST_EMBD, TEST_EXPERTS)
+                                           : ggml_new_tensor_3d(ctx, GGML_TYPE_F16, TEST_EMBD, TEST_FF, TEST_EXPERTS);
+            ggml_format_name(t, "blk.%d.%s.weight", layer, parts[p]);
+            memset(t->data, 0, ggml_nbytes(t));
+            gguf_add_tensor(gguf, t);
+        }
+    }
+    bool ok = gguf_write_to_file(gguf, path, false);
+    gguf_free(gguf);
+    ggml_free(ctx);
+    if (!ok) {
+        return -1;
+    }
+    FILE *f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    return size;
+}
+
+static void test_manifest(const char *dir) {
+    char path[512], truncated[512];
+    snprintf(path, sizeof(path), "%s/unit-moe.gguf", dir);
+    snprintf(truncated, sizeof(truncated), "%s/unit-truncated.gguf", dir);
+    long size = write_test_gguf(path, true);
+    CHECK(size > 0);
+
+    struct guanaco_manifest m;
+    CHECK(guanaco_manifest_load(path, NULL, 0, &m) == 0);
+    CHECK(m.n_tensors == 6 && m.n_moe_layers == 2 && m.n_expert == TEST_EXPERTS && m.n_layer == TEST_LAYERS);
+    const struct guanaco_expert_tensor *down = guanaco_manifest_find(&m, "blk.2.ffn_down_exps.weight");
+    CHECK(down && down->layer == 2 && down->expert_stride == (uint64_t)TEST_FF * TEST_EMBD * 2);
+    CHECK(down && down->file_offset + down->nbytes <= (uint64_t)size);
+    CHECK(guanaco_manifest_find(&m, "blk.0.ffn_down_exps.weight") == NULL);
+    CHECK(guanaco_manifest_find(&m, "token_embd.weight") == NULL);
+    uint64_t expected_bytes = 2ull * 3 * TEST_EXPERTS * TEST_FF * TEST_EMBD * 2;
+    CHECK(m.expert_bytes == expected_bytes);
+    guanaco_manifest_free(&m);
+
+    /* Cut the file in the middle of the last expert tensor. */
+    CHECK(truncate(path, size - 1000) == 0);
+    CHECK(guanaco_manifest_load(path, NULL, 0, &m) == -EIO);
+    CHECK(guanaco_manifest_load(truncated, NULL, 0, &m) == -ENOENT);
+    FILE *junk = fopen(truncated, "wb");
+    fputs("this is not a gguf file at all, just some words", junk);
+    fclose(junk);
+    CHECK(guanaco_manifest_load(truncated, NULL, 0, &m) == -EINVAL);
+    unlink(truncated);
+    unlink(path);
+}
+
+static int user_calls_ask, user_calls_done;
+
+static bool user_callback(struct ggml_tensor *t, bool ask, void *user_data) {
+    (void)user_data;
+    bool wanted = strncmp(t->name, "ffn_moe_logits", 14) == 0 || strncmp(t->name, "ffn_moe_topk", 12) == 0;
+    if (ask) {
+        user_calls_ask++;
+    } else {
+        user_calls_done++;
+    }
+    return wanted;
+}
+
+static void test_engine_and_hook(const char *dir) {
+    char path[512];
+    snprintf(path, sizeof(path), "%s/unit-engine.gguf", dir);
+    struct guanaco_engine *engine = (void *)1;
+
+    unsetenv("GUANACO_STREAMING");
+    char a0[] = "tool", off[] = "--guanaco-streaming=off", on[] = "--guanaco-streaming";
+    char *argv_off[] = {a0, off, NULL};
+    int argc = 2;
+    guanaco_options_parse_argv(&argc, argv_off);
+    CHECK(write_test_gguf(path, true) > 0);
+    CHECK(guanaco_engine_open(path, NULL, 0, false, &engine) == 0 && engine == NULL);
+
+    char *argv_on[] = {a0, on, NULL};
+    argc = 2;
+    guanaco_options_parse_argv(&argc, argv_on);
+    CHECK(write_test_gguf(path, false) > 0); /* dense: passthrough, no engine */
+    CHECK(guanaco_engine_open(path, NULL, 0, false, &engine) == 0 && engine == NULL);
+    CHECK(guanaco_engine_open("/nonexistent/model.gguf", NULL, 0, false, &engine) == -ENOENT);
+
+    CHECK(write_test_gguf(path, true) > 0);
+    CHECK(guanaco_engine_open(path, NULL, 0, false, &engine) == 0 && engine != NULL);
+    if (!engine) {
+        return;
+    }
+    CHECK(guanaco_engine_is_expert_tensor(engine, "blk.1.ffn_up_exps.weight"));
+    CHECK(!guanaco_engine_is_expert_tensor(engine, "blk.0.ffn_up_exps.weight"));
+    CHECK(!guanaco_engine_is_expert_tensor(NULL, "blk.1.ffn_up_exps.weight"));
+
+    /* The router's ids as llama.cpp lays them out: a [k, n_tokens] view of [n_expert, n_tokens]. */
+    struct ggml_init_params params = {.mem_size = 1024 * 1024, .mem_buffer = NULL, .no_alloc = false};
+    struct ggml_context *ctx = ggml_init(params);
+    const int n_tokens = 3, k = 2;
+    struct ggml_tensor *argsort = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, TEST_EXPERTS, n_tokens);
+    int32_t rows[3][TEST_EXPERTS] = {{3, 1, 0, 2}, {3, 2, 1, 0}, {0, 3, 2, 1}};
+    memcpy(argsort->data, rows, sizeof(rows));
+    struct ggml_tensor *topk = ggml_view_2d(ctx, argsort, k, n_tokens, argsort->nb[1], 0);
+    ggml_set_name(topk, "ffn_moe_topk-2");
+    struct ggml_tensor *other = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 4);
+    ggml_set_name(other, "ffn_moe_logits-2");
+    struct ggml_tensor *dense_layer = ggml_view_2d(ctx, argsort, k, n_tokens, argsort->nb[1], 0);
+    ggml_set_name(dense_layer, "ffn_moe_topk-0");
+
+    ggml_backend_sched_eval_callback callback = user_callback;
+    void *user_data = NULL;
+    CHECK(guanaco_hook_install(engine, &callback, &user_data) == 0 && callback != user_callback);
+    CHECK(callback(topk, true, user_data));           /* ours (and the user's) */
+    CHECK(callback(other, true, user_data));          /* the user's only */
+    CHECK(callback(topk, false, user_data));
+    CHECK(callback(other, false, user_data));
+    CHECK(user_calls_done == 2);
+    /* token 0 chose {3,1}, token 1 {3,2}, token 2 {0,3}: expert 3 three times, others once */
+    CHECK(guanaco_engine_access_count(engine, 2, 3) == 3);
+    CHECK(guanaco_engine_access_count(engine, 2, 1) == 1);
+    CHECK(guanaco_engine_access_count(engine, 2, 2) == 1);
+    CHECK(guanaco_engine_access_count(engine, 2, 0) == 1);
+    CHECK(guanaco_engine_access_count(engine, 1, 3) == 0);
+    /* layer 0 has no experts in this model: its router node is not ours, so nothing is counted */
+    callback(dense_layer, false, user_data);
+    CHECK(guanaco_engine_access_count(engine, 0, 3) == 0);
+
+    guanaco_hook_remove(callback, user_data);
+    ggml_free(ctx);
+    guanaco_engine_close(engine);
+    unlink(path);
+}
+
+int main(int argc, char **argv) {
+    const char *dir = argc > 1 ? argv[1] : "/tmp";
+    test_expert_names();
+    test_options();
+    test_manifest(dir);
+    test_engine_and_hook(dir);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
