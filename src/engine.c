@@ -141,7 +141,7 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
     free(mapping_base);
     if (err == 0 && !engine->dry_run) {
         guanaco_log_info("streaming %zu expert tensors (%.2f GiB of %.2f GiB): not read at load, readahead=%s; "
-                         "non-expert weights prefetched",
+                         "non-expert weights prefetched; CPU repacking off, so results equal --no-repack",
                          attached, gib(attached_bytes), gib(m->total_bytes), readahead_name(engine->options.readahead));
     }
     return err;

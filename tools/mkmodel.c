@@ -134,6 +134,7 @@ enum arch_feature {
     F_FUSED_DEFAULT   = 1u << 12,
     F_HEADS_FROM_EMBD = 1u << 13, /* q projection must be n_embd wide (olmoe) */
     F_GATED_DELTA     = 1u << 14, /* qwen35moe hybrid layers */
+    F_DENSE           = 1u << 15, /* no experts at all: the control case */
 };
 
 struct arch_desc {
@@ -173,8 +174,10 @@ static void kv_common(struct gguf_context * g, const char * a, const struct mode
     kv_u32(g, a, "attention.head_count_kv", s->n_head_kv);
     kv_f32(g, a, "attention.layer_norm_rms_epsilon", s->rms_eps);
     kv_f32(g, a, "rope.freq_base",   s->rope_freq_base);
-    kv_u32(g, a, "expert_count",      s->n_expert);
-    kv_u32(g, a, "expert_used_count", s->n_expert_used);
+    if (s->n_expert > 0) {
+        kv_u32(g, a, "expert_count",      s->n_expert);
+        kv_u32(g, a, "expert_used_count", s->n_expert_used);
+    }
 }
 
 /* Head size is only implied by n_embd / n_head unless written; write it
@@ -198,6 +201,13 @@ static void kv_qwen3moe(struct gguf_context * g, const char * a, const struct mo
 static void kv_mixtral(struct gguf_context * g, const char * a, const struct model_shape * s) {
     kv_common(g, a, s);
     kv_u32(g, a, "feed_forward_length",   s->n_ff_exp);
+    kv_u32(g, a, "rope.dimension_count",  s->head_dim);
+    kv_head_dim_if_needed(g, a, s);
+}
+
+static void kv_llama_dense(struct gguf_context * g, const char * a, const struct model_shape * s) {
+    kv_common(g, a, s);
+    kv_u32(g, a, "feed_forward_length",   s->n_ff);
     kv_u32(g, a, "rope.dimension_count",  s->head_dim);
     kv_head_dim_if_needed(g, a, s);
 }
@@ -306,6 +316,9 @@ static const struct arch_desc ARCHS[] = {
       F_QKV_BIAS | F_POST_ATTN_NORM | F_EXP_PROBS_B | F_SHARED_EXPERTS, GGML_TYPE_Q4_0,
       { TINY_SHAPE(2, 1000000.0f, 1e-5f), .n_expert_shared = 1, .n_dense_lead = 1, .n_rot = 32 },
       kv_glm4moe },
+    /* dense Llama, so tests can check that expert-free models pass through untouched */
+    { "llama", "llama", F_DENSE, GGML_TYPE_Q4_0,
+      { TINY_SHAPE(2, 10000.0f, 1e-5f) }, kv_llama_dense },
     { "qwen35moe", "qwen35moe",
       F_QK_NORM_HEAD | F_POST_ATTN_NORM | F_FUSED_OK | F_FUSED_DEFAULT | F_GATED_DELTA,
       GGML_TYPE_Q4_0,
@@ -804,6 +817,7 @@ static void assign_shards(struct tensor_plan * p, int n_shards) {
 }
 
 static bool write_all(FILE * f, const void * data, size_t n, const char * path) {
+    errno = 0;
     if (n && fwrite(data, 1, n, f) != n) {
         print_error("write to %s failed: %s", path, errno ? strerror(errno) : "short write");
         return false;
@@ -1284,6 +1298,12 @@ static struct options parse_args(int argc, char ** argv) {
 /* Applies size overrides and checks the shape against what the arch's loader
  * and graph assume, so bad combinations fail here instead of inside llama.cpp. */
 static void apply_overrides(struct model_shape * s, const struct arch_desc * a, const struct options * o) {
+    if (a->features & F_DENSE) {
+        if (o->n_ff_exp || o->n_expert || o->n_expert_used) {
+            die("%s is a dense architecture: --n-ff-exp, --n-expert and --n-expert-used do not apply", a->name);
+        }
+        s->n_expert = s->n_expert_used = s->n_ff_exp = 0;
+    }
     if (o->n_layer)  s->n_layer = o->n_layer;
     if (o->n_embd)   s->n_embd = o->n_embd;
     if (o->n_ff_exp) s->n_ff_exp = o->n_ff_exp;
@@ -1293,7 +1313,7 @@ static void apply_overrides(struct model_shape * s, const struct arch_desc * a, 
     if (s->n_embd % 32 != 0) {
         die("--n-embd must be a multiple of 32, got %" PRId64, s->n_embd);
     }
-    if (s->n_ff_exp % 32 != 0) {
+    if (s->n_ff_exp % 32 != 0 && !(a->features & F_DENSE)) {
         die("--n-ff-exp must be a multiple of 32, got %" PRId64, s->n_ff_exp);
     }
     if (s->n_expert_used > s->n_expert) {
@@ -1306,8 +1326,10 @@ static void apply_overrides(struct model_shape * s, const struct arch_desc * a, 
         }
         s->n_head = s->n_head_kv = s->n_embd / s->head_dim;
     }
-    /* at least one MoE block, otherwise it is not an MoE model */
-    if (s->n_dense_lead >= s->n_layer) {
+    if (a->features & F_DENSE) {
+        s->n_dense_lead = s->n_layer;
+    } else if (s->n_dense_lead >= s->n_layer) {
+        /* keep at least one MoE block, otherwise it is not an MoE model */
         s->n_dense_lead = s->n_layer - 1;
     }
     if (s->n_rot == 0) {
