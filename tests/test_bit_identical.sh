@@ -224,8 +224,11 @@ if [ "${CGROUP:-0}" = 1 ]; then
         size=$(stat -c %s "$model")
         LAST_ERR=""
         ok=1
-        run_dump off    "$model" "$p.off.bin"    0              || ok=0
-        [ $ok = 1 ] && { run_dump off-nr "$model" "$p.off-nr.bin" 0 --no-repack || ok=0; }
+        # More decode steps than the matrix: each step re-touches every layer, so pages the
+        # limit evicted during the prompt are needed again.
+        CG_DUMP_ARGS=(--gen-tokens 24)
+        run_dump off    "$model" "$p.off.bin"    0 "${CG_DUMP_ARGS[@]}"             || ok=0
+        [ $ok = 1 ] && { run_dump off-nr "$model" "$p.off-nr.bin" 0 "${CG_DUMP_ARGS[@]}" --no-repack || ok=0; }
         if [ $ok = 0 ]; then
             record FAIL "$arch" "$quant" "$LAST_ERR"
         else
@@ -234,51 +237,66 @@ if [ "${CGROUP:-0}" = 1 ]; then
             # or we'd test the OOM killer instead of streaming.
             anon_kb=$(grep -o 'rss_anon_kb=[0-9-]*' "$p.off.bin.log" | cut -d= -f2)
             anon_kb=${anon_kb:-0}
-            limit=$((size * 60 / 100))
-            need=$((anon_kb * 1024 * 3 / 2 + 64 * 1024 * 1024))
-            echo "cgroup: model=$size bytes, off-run anon=${anon_kb} kB, limit=$limit bytes (60%), need>=$need"
-            if [ "$limit" -lt "$need" ]; then
-                record FAIL "$arch" "$quant" "model too small for an honest limit: 60% of $size < 1.5*anon+64MiB ($need); enlarge CGROUP_MODEL_ARGS"
-            else
-                GUANACO_EVICT_FILES="$model" GUANACO_EVICT_TOOL="$EVICT_TOOL" GUANACO_STREAMING=1 \
-                    timeout "$DUMP_TIMEOUT" "$CGROUP_RUN" "$limit" -- \
-                    "$LOGITS_DUMP" "$model" "$p.on.bin" "${LD_ARGS[@]}" > "$p.on.bin.log" 2>&1
-                rc=$?
-                cat "$p.on.bin.log"
-                cgline=$(grep -m1 '^cgroup: ' "$p.on.bin.log")
-                if [ $rc -eq 77 ]; then
-                    record SKIP "$arch" "$quant" "$(grep -m1 '^SKIP:' "$p.on.bin.log" || echo 'cgroup_run skipped')"
-                elif [ $rc -ne 0 ]; then
-                    why="rc=$rc"
-                    [ $rc -eq 137 ] && why="rc=137, SIGKILL: OOM-killed under the limit?"
-                    [ $rc -eq 124 ] && why="timed out after ${DUMP_TIMEOUT}s"
-                    record FAIL "$arch" "$quant" "on run under limit $limit failed ($why): ${cgline:-no cgroup line}"
+            # Two budgets: 60% of the file, and 35% where most experts cannot stay resident.
+            for pct in ${CG_LIMIT_PERCENTS:-60 35}; do
+            ln -sf "$p.off.bin" "$p-$pct.off.bin"; ln -sf "$p.off-nr.bin" "$p-$pct.off-nr.bin"
+            pp="$p-$pct"
+                limit=$((size * pct / 100))
+                need=$((anon_kb * 1024 * 3 / 2 + 64 * 1024 * 1024))
+                echo "cgroup: model=$size bytes, off-run anon=${anon_kb} kB, limit=$limit bytes (${pct}%), need>=$need"
+                if [ "$limit" -lt "$need" ]; then
+                    record FAIL "$arch-$pct%" "$quant" "model too small for an honest limit: ${pct}% of $size < 1.5*anon+64MiB ($need); enlarge CGROUP_MODEL_ARGS"
                 else
-                    compare_set "$p"
-                    # Evidence that the limit mattered. A cold single pass over the model reads
-                    # at most the file (rounded up to pages) from disk -- measured: an unlimited
-                    # cold run reads exactly that. read_bytes beyond file size + 32 MiB (slack for
-                    # shared libraries that may also be cold) can only be pages of the model that
-                    # were evicted under the limit and read again. memory.failcnt would be the
-                    # direct "limit was hit" signal but stays 0 on some kernels (seen on 6.18 v1
-                    # even when OOM-killing), so it is accepted only as an alternative.
-                    rb=$(echo "$cgline" | grep -o 'read_bytes=[0-9]*' | cut -d= -f2)
-                    fc=$(echo "$cgline" | grep -o ' failcnt=[0-9]*' | cut -d= -f2)
-                    evidence=""
-                    if [ -n "$rb" ] && [ "$rb" -gt $((size + 32 * 1024 * 1024)) ]; then
-                        evidence="re-read: read_bytes=$rb > file $size"
-                    elif [ -n "$fc" ] && [ "$fc" -gt 0 ]; then
-                        evidence="limit hit: failcnt=$fc"
-                    fi
-                    if [ -n "$CMP_ASSERT_FAIL" ]; then
-                        record FAIL "$arch" "$quant" "under limit $limit: $CMP_ASSERT_FAIL | $CMP_NOTES | $cgline"
-                    elif [ -z "$evidence" ]; then
-                        record FAIL "$arch" "$quant" "logits identical but no evidence the limit forced re-reads (read_bytes=${rb:-?} vs file $size, failcnt=${fc:-?}) | $cgline"
+                    # The same cold streaming run with room for the whole model: what it reads is
+                    # what one pass needs, so reads beyond it under the limit are re-reads.
+                    GUANACO_EVICT_FILES="$model" GUANACO_EVICT_TOOL="$EVICT_TOOL" GUANACO_STREAMING=1 \
+                        timeout "$DUMP_TIMEOUT" "$CGROUP_RUN" $((size * 4)) -- \
+                        "$LOGITS_DUMP" "$model" "$p.roomy.bin" "${LD_ARGS[@]}" "${CG_DUMP_ARGS[@]}" > "$p.roomy.log" 2>&1
+                    roomy_rb=$(grep -m1 '^cgroup: ' "$p.roomy.log" | grep -o 'read_bytes=[0-9]*' | cut -d= -f2)
+                    GUANACO_EVICT_FILES="$model" GUANACO_EVICT_TOOL="$EVICT_TOOL" GUANACO_STREAMING=1 \
+                        timeout "$DUMP_TIMEOUT" "$CGROUP_RUN" "$limit" -- \
+                        "$LOGITS_DUMP" "$model" "$pp.on.bin" "${LD_ARGS[@]}" "${CG_DUMP_ARGS[@]}" > "$pp.on.bin.log" 2>&1
+                    rc=$?
+                    cat "$pp.on.bin.log"
+                    cgline=$(grep -m1 '^cgroup: ' "$pp.on.bin.log")
+                    if [ $rc -eq 77 ]; then
+                        record SKIP "$arch-$pct%" "$quant" "$(grep -m1 '^SKIP:' "$pp.on.bin.log" || echo 'cgroup_run skipped')"
+                    elif [ $rc -ne 0 ]; then
+                        why="rc=$rc"
+                        [ $rc -eq 137 ] && why="rc=137, SIGKILL: OOM-killed under the limit?"
+                        [ $rc -eq 124 ] && why="timed out after ${DUMP_TIMEOUT}s"
+                        record FAIL "$arch-$pct%" "$quant" "on run under limit $limit failed ($why): ${cgline:-no cgroup line}"
                     else
-                        record PASS "$arch" "$quant" "limit=$limit (60% of $size) $evidence; $CMP_NOTES"
-                        [ "${KEEP:-0}" = 1 ] || rm -f "$model" "$p".*.bin "$p".*.log
+                        CUR_QUANT=$quant
+                        compare_set "$pp"
+                        # Evidence that the limit mattered: the same cold run with room for the model
+                        # read roomy_rb bytes (streaming reads only the experts it touches, so that
+                        # can be less than the file). Reading 16 MiB more than that under the limit
+                        # can only be model pages that were evicted and read again. memory.failcnt
+                        # would be the direct "limit was hit" signal but stays 0 on some kernels
+                        # (seen on 6.18 v1 even when OOM-killing), so it is only an alternative.
+                        rb=$(echo "$cgline" | grep -o 'read_bytes=[0-9]*' | cut -d= -f2)
+                        fc=$(echo "$cgline" | grep -o ' failcnt=[0-9]*' | cut -d= -f2)
+                        evidence=""
+                        if [ -n "$rb" ] && [ -n "$roomy_rb" ] && [ "$rb" -gt $((roomy_rb + 16 * 1024 * 1024)) ]; then
+                            evidence="re-read: read_bytes=$rb under the limit vs $roomy_rb with room"
+                        elif [ -n "$fc" ] && [ "$fc" -gt 0 ]; then
+                            evidence="limit hit: failcnt=$fc"
+                        fi
+                        if [ -n "$CMP_ASSERT_FAIL" ]; then
+                            record FAIL "$arch-$pct%" "$quant" "under limit $limit: $CMP_ASSERT_FAIL | $CMP_NOTES | $cgline"
+                        elif [ -z "$evidence" ]; then
+                            record FAIL "$arch-$pct%" "$quant" "logits identical but no evidence the limit forced re-reads (read_bytes=${rb:-?} vs ${roomy_rb:-?} with room, failcnt=${fc:-?}) | $cgline"
+                        else
+                            record PASS "$arch-$pct%" "$quant" "limit=$limit (${pct}% of $size) $evidence; $CMP_NOTES"
+                            [ "${KEEP:-0}" = 1 ] || rm -f "$pp".*
+                        fi
                     fi
                 fi
+            done
+            # the model and reference dumps go once every budget passed (a failure keeps its files)
+            if [ "${KEEP:-0}" != 1 ] && ! ls "$p"-*.on.bin >/dev/null 2>&1; then
+                rm -f "$model" "$p".*.bin "$p".*.log "$p"-*.off*.bin
             fi
         fi
     fi
