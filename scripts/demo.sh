@@ -44,12 +44,13 @@ run() {
     if [ "$limit" != none ]; then
         wrap=(bash "$ROOT/tests/cgroup_run.sh" "$limit" --)
     fi
-    "$BIN/evict_file" "$MODEL"
+    "$BIN/evict_file" "$MODEL" >/dev/null
     local start=$SECONDS rc=0
     "${wrap[@]}" "$BIN/llama-bench" -m "$MODEL" -p 0 -n "$TOKENS" -r 1 -t 2 -o csv "$@" \
         >"$LOGS/$name.csv" 2>"$LOGS/$name.err" || rc=$?
     local tps
-    tps=$(awk -F'","' 'NR == 2 { gsub(/"/, "", $NF); print $NF }' "$LOGS/$name.csv" | head -1)
+    tps=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "avg_ts") column = i }
+                   NR == 2 && column { gsub(/"/, "", $column); print $column }' "$LOGS/$name.csv")
     if [ $rc -eq 77 ]; then
         printf '%-34s %s\n' "$name" "skipped: $(tail -1 "$LOGS/$name.err")"
     elif [ $rc -ne 0 ] || [ -z "$tps" ]; then

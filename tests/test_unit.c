@@ -45,7 +45,7 @@ static void test_options(void) {
     struct guanaco_options options;
     unsetenv("GUANACO_STREAMING");
     unsetenv("LLAMA_ARG_GUANACO_STREAMING");
-    CHECK(guanaco_options_get(&options) == 0 && !options.streaming && options.readahead == GUANACO_READAHEAD_RANDOM);
+    CHECK(guanaco_options_get(&options) == 0 && !options.streaming && options.readahead == GUANACO_READAHEAD_NORMAL);
 
     setenv("GUANACO_STREAMING", "1", 1);
     CHECK(guanaco_options_get(&options) == 0 && options.streaming);
@@ -57,12 +57,12 @@ static void test_options(void) {
     unsetenv("GUANACO_STREAMING");
 
     char a0[] = "tool", a1[] = "-m", a2[] = "x.gguf", a3[] = "--guanaco-streaming", a4[] = "--guanaco-readahead",
-         a5[] = "normal", a6[] = "-n", a7[] = "4";
+         a5[] = "sequential", a6[] = "-n", a7[] = "4";
     char *argv[] = {a0, a1, a2, a3, a4, a5, a6, a7, NULL};
     int argc = 8;
     CHECK(guanaco_options_parse_argv(&argc, argv) == 0);
     CHECK(argc == 5 && strcmp(argv[1], "-m") == 0 && strcmp(argv[3], "-n") == 0 && argv[5] == NULL);
-    CHECK(guanaco_options_get(&options) == 0 && options.streaming && options.readahead == GUANACO_READAHEAD_NORMAL);
+    CHECK(guanaco_options_get(&options) == 0 && options.streaming && options.readahead == GUANACO_READAHEAD_SEQUENTIAL);
 
     setenv("GUANACO_STREAMING", "0", 1); /* a flag beats the environment */
     CHECK(guanaco_options_get(&options) == 0 && options.streaming);
