@@ -59,7 +59,7 @@ run() {
     else
         printf '%-34s %10.2f tok/s decode   (%d s wall, incl. load)\n' "$name" "$tps" $((SECONDS - start))
     fi
-    grep -E '^(guanaco:|cgroup:)' "$LOGS/$name.err" | sed 's/^/    /' || true
+    grep -hE '^(guanaco:|cgroup:)' "$LOGS/$name.err" "$LOGS/$name.csv" | sed 's/^/    /' || true
 }
 
 echo
