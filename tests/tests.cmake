@@ -27,4 +27,7 @@ guanaco_script_test(bit_identical test_bit_identical.sh)
 # The same invariant inside a cgroup memory limit smaller than the model, cold page cache.
 guanaco_script_test(bit_identical_cgroup test_bit_identical.sh)
 set_property(TEST bit_identical_cgroup APPEND PROPERTY ENVIRONMENT "CGROUP=1" "ARCHS=none")
+
+# Sharded GGUFs: every shard's experts are found and logits equal the unsplit model.
+guanaco_script_test(shards test_shards.sh)
 file(MAKE_DIRECTORY "${GUANACO_TEST_DIR}")
