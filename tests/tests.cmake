@@ -31,3 +31,5 @@ set_property(TEST bit_identical_cgroup APPEND PROPERTY ENVIRONMENT "CGROUP=1" "A
 # Sharded GGUFs: every shard's experts are found and logits equal the unsplit model.
 guanaco_script_test(shards test_shards.sh)
 file(MAKE_DIRECTORY "${GUANACO_TEST_DIR}")
+# A user eval callback (llama-imatrix's) still sees everything while Guanaco's hook is chained.
+guanaco_script_test(imatrix_chain test_imatrix.sh)
