@@ -33,3 +33,5 @@ guanaco_script_test(shards test_shards.sh)
 file(MAKE_DIRECTORY "${GUANACO_TEST_DIR}")
 # A user eval callback (llama-imatrix's) still sees everything while Guanaco's hook is chained.
 guanaco_script_test(imatrix_chain test_imatrix.sh)
+# The real llama-server over loopback, three parallel slots, greedy tokens equal with and without streaming.
+guanaco_script_test(server test_server.sh)

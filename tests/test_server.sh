@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# test_server.sh - owns the llama-server check: the real server with
+# --guanaco-streaming answers a greedy completion over loopback with exactly
+# the tokens the server without streaming gives, from several parallel slots,
+# and prints Guanaco's summary when it shuts down.
+# Env: MKMODEL, LLAMA_BIN, WORKDIR, VOCAB_DIR.
+set -u
+: "${MKMODEL:?}" "${LLAMA_BIN:?}" "${WORKDIR:?}"
+export GUANACO_VOCAB_DIR=${VOCAB_DIR:-${GUANACO_VOCAB_DIR:-}}
+command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
+W="$WORKDIR/server"
+rm -rf "$W" && mkdir -p "$W"
+passed=0 failed=0 server_pid=""
+check() {
+    if [ "$2" -eq 0 ]; then passed=$((passed + 1)); echo "PASS $1"; else failed=$((failed + 1)); echo "FAIL $1: $3"; fi
+}
+stop_server() { [ -n "$server_pid" ] && kill -INT "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; server_pid=""; }
+trap stop_server EXIT
+
+"$MKMODEL" --arch qwen3moe --quant Q8_0 --seed 5 -o "$W/model.gguf" >/dev/null 2>&1
+check "tiny qwen3moe written" $? "mkmodel failed"
+
+# serve NAME [flags]: start the server on a free loopback port, ask 3 prompts concurrently, stop it.
+serve() {
+    local name=$1; shift
+    local port=$((20000 + RANDOM % 20000))
+    "$LLAMA_BIN/llama-server" -m "$W/model.gguf" --host 127.0.0.1 --port "$port" -c 512 -np 3 -t 2 "$@" \
+        >"$W/$name.log" 2>&1 &
+    server_pid=$!
+    local up=1
+    for _ in $(seq 1 60); do
+        curl -sf "127.0.0.1:$port/health" >/dev/null && { up=0; break; }
+        kill -0 "$server_pid" 2>/dev/null || break
+        sleep 1
+    done
+    check "$name: server up" $up "$(tail -3 "$W/$name.log")"
+    local i
+    for i in 1 2 3; do
+        curl -s --max-time 120 "127.0.0.1:$port/completion" \
+            -d "{\"prompt\":\"Prompt number $i about experts\",\"n_predict\":12,\"temperature\":0,\"cache_prompt\":false}" \
+            | grep -o '"content":"[^"]*"' >"$W/$name.$i.txt" &
+    done
+    wait $(jobs -p | grep -v "^$server_pid$") 2>/dev/null
+    stop_server
+}
+serve off
+serve on --guanaco-streaming
+for i in 1 2 3; do
+    [ -s "$W/on.$i.txt" ] && cmp -s "$W/off.$i.txt" "$W/on.$i.txt"
+    check "prompt $i: same greedy tokens with streaming" $? "off=$(cat "$W/off.$i.txt") on=$(cat "$W/on.$i.txt")"
+done
+grep -q 'guanaco: summary: ' "$W/on.log"
+check "summary printed at shutdown" $? "$(grep guanaco "$W/on.log")"
+[ "$failed" -eq 0 ] && rm -rf "$W"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
