@@ -35,3 +35,8 @@ file(MAKE_DIRECTORY "${GUANACO_TEST_DIR}")
 guanaco_script_test(imatrix_chain test_imatrix.sh)
 # The real llama-server over loopback, three parallel slots, greedy tokens equal with and without streaming.
 guanaco_script_test(server test_server.sh)
+# Trace format unit tests, and the real Mixtral traces converted with their published statistics.
+add_test(NAME trace COMMAND test_trace "${GUANACO_TEST_DIR}")
+guanaco_script_test(trace_convert_mixtral test_trace_convert.sh)
+set_property(TEST trace_convert_mixtral APPEND PROPERTY ENVIRONMENT
+    "TRACE_CONVERT=$<TARGET_FILE:guanaco-trace-convert>" "SHARED_DIR=${CMAKE_SOURCE_DIR}/../shared")
