@@ -10,10 +10,7 @@ set -u
 export GUANACO_VOCAB_DIR=${VOCAB_DIR:-${GUANACO_VOCAB_DIR:-}}
 W="$WORKDIR/imatrix"
 rm -rf "$W" && mkdir -p "$W"
-passed=0 failed=0
-check() {
-    if [ "$2" -eq 0 ]; then passed=$((passed + 1)); echo "PASS $1"; else failed=$((failed + 1)); echo "FAIL $1: $3"; fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 "$MKMODEL" --arch qwen3moe --quant Q8_0 --seed 3 -o "$W/model.gguf" >/dev/null 2>&1
 check "tiny qwen3moe written" $? "mkmodel failed"
 for i in $(seq 1 60); do echo "The quick brown fox jumps over the lazy dog, line $i, while the router picks experts."; done >"$W/text.txt"
@@ -30,6 +27,4 @@ cmp -s "$W/off.imatrix.gguf" "$W/on.imatrix.gguf"
 check "imatrix identical with streaming (the chained callback saw everything)" $? "files differ"
 grep -q 'summary: 256 tokens routed through 4 MoE layers: 2048 expert accesses' "$W/on.log"
 check "Guanaco counted each of 256 tokens x 4 layers x top-2 once" $? "$(grep 'guanaco: summary' "$W/on.log")"
-[ "$failed" -eq 0 ] && rm -rf "$W"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

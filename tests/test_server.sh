@@ -10,10 +10,8 @@ export GUANACO_VOCAB_DIR=${VOCAB_DIR:-${GUANACO_VOCAB_DIR:-}}
 command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
 W="$WORKDIR/server"
 rm -rf "$W" && mkdir -p "$W"
-passed=0 failed=0 server_pid=""
-check() {
-    if [ "$2" -eq 0 ]; then passed=$((passed + 1)); echo "PASS $1"; else failed=$((failed + 1)); echo "FAIL $1: $3"; fi
-}
+server_pid=""
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 stop_server() { [ -n "$server_pid" ] && kill -INT "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null; server_pid=""; }
 trap stop_server EXIT
 
@@ -51,6 +49,4 @@ for i in 1 2 3; do
 done
 grep -q 'guanaco: summary: ' "$W/on.log"
 check "summary printed at shutdown" $? "$(grep guanaco "$W/on.log")"
-[ "$failed" -eq 0 ] && rm -rf "$W"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

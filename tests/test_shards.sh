@@ -9,10 +9,7 @@ set -u
 export GUANACO_VOCAB_DIR=${VOCAB_DIR:-${GUANACO_VOCAB_DIR:-}}
 W="$WORKDIR/shards"
 rm -rf "$W" && mkdir -p "$W"
-passed=0 failed=0
-check() { # check NAME CONDITION-EXIT-STATUS DETAIL
-    if [ "$2" -eq 0 ]; then passed=$((passed + 1)); echo "PASS $1"; else failed=$((failed + 1)); echo "FAIL $1: $3"; fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 for arch in qwen3moe gpt-oss; do
     "$MKMODEL" --arch "$arch" --quant Q8_0 --seed 7 -o "$W/$arch-whole.gguf" >/dev/null 2>&1
@@ -36,6 +33,4 @@ for arch in qwen3moe gpt-oss; do
     cmp -s "$W/$arch-split-off.bin" "$W/$arch-whole-off.bin"
     check "$arch split == whole, no streaming (cmp)" $? "logits differ"
 done
-[ "$failed" -eq 0 ] && rm -rf "$W"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

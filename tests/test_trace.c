@@ -14,22 +14,13 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
+
+#include "check.h"
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int passed, failed;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (cond) {                                                                  \
-            passed++;                                                                \
-        } else {                                                                     \
-            failed++;                                                                \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);          \
-        }                                                                            \
-    } while (0)
 
 static char directory[] = "/tmp/guanaco_test_trace.XXXXXX";
 static char captured[8192]; /* stderr of the last captured call */
@@ -629,6 +620,5 @@ int main(void) {
     test_convert_rejects();
     test_convert_never_crashes();
     rmdir(directory);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return check_summary();
 }

@@ -9,10 +9,7 @@ set -u
 traces="${SHARED_DIR:-}/traces/mixtral-8x7b"
 [ -d "$traces" ] || { echo "SKIP: no shared traces at '$traces'"; exit 77; }
 mkdir -p "$WORKDIR/traces"
-passed=0 failed=0
-check() {
-    if [ "$2" -eq 0 ]; then passed=$((passed + 1)); echo "PASS $1"; else failed=$((failed + 1)); echo "FAIL $1: $3"; fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 for spec in "humaneval 338 0.40" "gsm8k 247 0.34"; do
     set -- $spec
     out="$WORKDIR/traces/$1.trace"
@@ -24,5 +21,4 @@ for spec in "humaneval 338 0.40" "gsm8k 247 0.34"; do
     [ "$reuse" = "$3" ]
     check "$1 next-token reuse $3" $? "measured $reuse"
 done
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

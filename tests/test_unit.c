@@ -13,21 +13,12 @@
 
 #include <errno.h>
 #include <stdio.h>
+
+#include "check.h"
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static int passed, failed;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (cond) {                                                                  \
-            passed++;                                                                \
-        } else {                                                                     \
-            failed++;                                                                \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);          \
-        }                                                                            \
-    } while (0)
 
 static void test_expert_names(void) {
     int layer = -1;
@@ -241,6 +232,5 @@ int main(int argc, char **argv) {
     test_options();
     test_manifest(dir);
     test_engine_and_hook(dir);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return check_summary();
 }
