@@ -40,3 +40,5 @@ add_test(NAME trace COMMAND test_trace "${GUANACO_TEST_DIR}")
 guanaco_script_test(trace_convert_mixtral test_trace_convert.sh)
 set_property(TEST trace_convert_mixtral APPEND PROPERTY ENVIRONMENT
     "TRACE_CONVERT=$<TARGET_FILE:guanaco-trace-convert>" "SHARED_DIR=${CMAKE_SOURCE_DIR}/../shared")
+# Exact parallel reads: io_uring and the pread thread pool, short reads, O_DIRECT, injected faults.
+add_test(NAME io COMMAND test_io)
