@@ -42,3 +42,6 @@ set_property(TEST trace_convert_mixtral APPEND PROPERTY ENVIRONMENT
     "TRACE_CONVERT=$<TARGET_FILE:guanaco-trace-convert>" "SHARED_DIR=${CMAKE_SOURCE_DIR}/../shared")
 # Exact parallel reads: io_uring and the pread thread pool, short reads, O_DIRECT, injected faults.
 add_test(NAME io COMMAND test_io)
+# Pure replacement policies against Belady's optimum; the timing run is a benchmark, kept short here.
+add_test(NAME policy COMMAND test_policy)
+set_tests_properties(policy PROPERTIES ENVIRONMENT "GUANACO_PERF_TOKENS=2000")

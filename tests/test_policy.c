@@ -1,0 +1,839 @@
+/*
+ * test_policy.c - owns the tests of the replacement policies (policy.c), the
+ * MIN replay (belady.c) and the trace simulator (simulate.c): exact victims
+ * on hand-made sequences, the budget and cap invariants on random and skewed
+ * traces, Belady as an upper bound, the guanaco hot set cooling off and
+ * shares shrinking for an idle layer, determinism, and (printed, not
+ * asserted) the cost per policy on a decode-sized trace and each policy's
+ * hit rate against Belady.
+ *
+ * GUANACO_PERF_TOKENS sets the tokens of the timing run (default 100000;
+ * 0 skips it).
+ */
+#include "belady.h"
+#include "policy.h"
+#include "simulate.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "check.h"
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+
+static const enum guanaco_policy_kind all_kinds[] = {GUANACO_POLICY_LRU, GUANACO_POLICY_LFU,
+                                                     GUANACO_POLICY_LAYER_LRU, GUANACO_POLICY_GUANACO};
+#define N_KINDS (sizeof(all_kinds) / sizeof(all_kinds[0]))
+
+/* ---- deterministic random numbers ---- */
+
+static uint64_t next_random(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double random_unit(uint64_t *state) {
+    return (double)(next_random(state) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* ---- traces built here ---- */
+
+struct owned_trace {
+    struct guanaco_request_trace view;
+    uint64_t *expert_bytes;
+    uint64_t *request_token;
+    uint32_t *request_layer;
+    size_t *request_start;
+    uint32_t *experts;
+    size_t capacity_requests, capacity_experts;
+};
+
+static void trace_init(struct owned_trace *t, uint32_t n_layer, uint32_t n_expert, const uint64_t *bytes,
+                       size_t requests, size_t experts) {
+    memset(t, 0, sizeof(*t));
+    t->expert_bytes = malloc(n_layer * sizeof(uint64_t));
+    memcpy(t->expert_bytes, bytes, n_layer * sizeof(uint64_t));
+    t->capacity_requests = requests;
+    t->capacity_experts = experts;
+    t->request_token = malloc(requests * sizeof(uint64_t));
+    t->request_layer = malloc(requests * sizeof(uint32_t));
+    t->request_start = malloc((requests + 1) * sizeof(size_t));
+    t->experts = malloc(experts * sizeof(uint32_t));
+    if (!t->expert_bytes || !t->request_token || !t->request_layer || !t->request_start || !t->experts) {
+        fprintf(stderr, "out of memory building a trace\n");
+        exit(2);
+    }
+    t->request_start[0] = 0;
+    t->view = (struct guanaco_request_trace){.n_layer = n_layer, .n_expert = n_expert, .expert_bytes = t->expert_bytes,
+                                     .request_token = t->request_token, .request_layer = t->request_layer,
+                                     .request_start = t->request_start, .experts = t->experts};
+}
+
+static void trace_add(struct owned_trace *t, uint64_t token, uint32_t layer, const uint32_t *experts, size_t n) {
+    size_t r = t->view.n_requests++;
+    t->request_token[r] = token;
+    t->request_layer[r] = layer;
+    memcpy(t->experts + t->request_start[r], experts, n * sizeof(uint32_t));
+    t->request_start[r + 1] = t->request_start[r] + n;
+}
+
+static void trace_free(struct owned_trace *t) {
+    free(t->expert_bytes);
+    free(t->request_token);
+    free(t->request_layer);
+    free(t->request_start);
+    free(t->experts);
+}
+
+/*
+ * Decode-like routing: every token sweeps the MoE layers in order and picks
+ * `k` distinct experts per layer. Popularity is Zipf(skew) over a per-layer
+ * permutation; with probability `reuse` a pick repeats one the layer made a
+ * few tokens back (geometric, mean `depth`: adjacent tokens share experts); every `drift`
+ * tokens a tenth of the ranks are shuffled (topics change, hot experts cool).
+ * skew 0, reuse 0 and drift 0 give uniform random routing.
+ */
+struct routing_shape {
+    double skew, reuse;
+    double depth;    /* reuse draws from a token back a geometric number of steps of this mean (>= 1) */
+    uint32_t drift;
+    double spread;   /* layers differ: layer l's skew is skew * (1 + spread * (2 l / (L - 1) - 1)) */
+};
+
+static void make_routing(struct owned_trace *t, uint32_t n_layer, uint32_t n_expert, const uint64_t *bytes,
+                         uint32_t k, size_t tokens, struct routing_shape shape, uint64_t seed) {
+    uint32_t moe_layers = 0;
+    for (uint32_t l = 0; l < n_layer; l++) {
+        moe_layers += bytes[l] != 0;
+    }
+    trace_init(t, n_layer, n_expert, bytes, tokens * moe_layers, tokens * moe_layers * k);
+    uint64_t rng = seed;
+    double *cdf = malloc((size_t)n_layer * n_expert * sizeof(double)), *totals = malloc(n_layer * sizeof(double));
+    uint32_t *rank_to_expert = malloc((size_t)n_layer * n_expert * sizeof(uint32_t));
+    enum { window = 64 };
+    uint32_t *previous = calloc((size_t)n_layer * k * window, sizeof(uint32_t)); /* ring of recent picks */
+    uint8_t *taken = calloc(n_expert, 1);
+    for (uint32_t l = 0; l < n_layer; l++) {
+        double position = n_layer > 1 ? 2.0 * l / (n_layer - 1) - 1.0 : 0.0, total = 0;
+        double skew = shape.skew * (1.0 + shape.spread * position);
+        for (uint32_t r = 0; r < n_expert; r++) {
+            total += pow(r + 1.0, -skew);
+            cdf[(size_t)l * n_expert + r] = total;
+        }
+        totals[l] = total;
+    }
+    for (uint32_t l = 0; l < n_layer; l++) {
+        uint32_t *perm = rank_to_expert + (size_t)l * n_expert;
+        for (uint32_t e = 0; e < n_expert; e++) {
+            perm[e] = e;
+        }
+        for (uint32_t e = n_expert; e > 1; e--) {
+            uint32_t j = (uint32_t)(next_random(&rng) % e), swap = perm[e - 1];
+            perm[e - 1] = perm[j];
+            perm[j] = swap;
+        }
+    }
+    uint32_t chosen[512];
+    for (size_t token = 0; token < tokens; token++) {
+        for (uint32_t l = 0; l < n_layer; l++) {
+            if (bytes[l] == 0) {
+                continue;
+            }
+            uint32_t *perm = rank_to_expert + (size_t)l * n_expert;
+            if (shape.drift && token > 0 && token % shape.drift == 0) {
+                for (uint32_t i = 0; i < n_expert / 10; i++) {
+                    uint32_t a = (uint32_t)(next_random(&rng) % n_expert), b = (uint32_t)(next_random(&rng) % n_expert);
+                    uint32_t swap = perm[a];
+                    perm[a] = perm[b];
+                    perm[b] = swap;
+                }
+            }
+            uint32_t n = 0;
+            while (n < k) {
+                uint32_t e;
+                if (token > 0 && random_unit(&rng) < shape.reuse) {
+                    /* back = 1, 2, ... with P(back > j) = (1 - 1/depth)^j, within what exists */
+                    double stay = shape.depth > 1 ? 1.0 - 1.0 / shape.depth : 0.0;
+                    size_t back = 1;
+                    while (back < token && back < window && random_unit(&rng) < stay) {
+                        back++;
+                    }
+                    e = previous[((size_t)l * window + (token - back) % window) * k + next_random(&rng) % k];
+                } else {
+                    const double *layer_cdf = cdf + (size_t)l * n_expert;
+                    double u = random_unit(&rng) * totals[l];
+                    uint32_t lo = 0, hi = n_expert - 1;
+                    while (lo < hi) {
+                        uint32_t mid = (lo + hi) / 2;
+                        if (layer_cdf[mid] < u) {
+                            lo = mid + 1;
+                        } else {
+                            hi = mid;
+                        }
+                    }
+                    e = perm[lo];
+                }
+                if (!taken[e]) {
+                    taken[e] = 1;
+                    chosen[n++] = e;
+                }
+            }
+            for (uint32_t i = 0; i < n; i++) {
+                taken[chosen[i]] = 0;
+                previous[((size_t)l * window + token % window) * k + i] = chosen[i];
+            }
+            trace_add(t, token, l, chosen, n);
+        }
+    }
+    free(cdf);
+    free(totals);
+    free(rank_to_expert);
+    free(previous);
+    free(taken);
+}
+
+static struct guanaco_policy_config config_of(enum guanaco_policy_kind kind, const struct guanaco_request_trace *t,
+                                              uint64_t budget, uint32_t cap) {
+    return (struct guanaco_policy_config){.kind = kind, .n_layer = t->n_layer, .n_expert = t->n_expert,
+                                          .expert_bytes = t->expert_bytes, .budget_bytes = budget,
+                                          .max_per_layer = cap};
+}
+
+/*
+ * Replays a trace step by step and checks, after every access and evict: the
+ * missing list is exactly what was not resident; victims were resident, are
+ * not now, and were not needed by the protected request; resident bytes stay
+ * within max(budget, the request's bytes); only the protected layer may stay
+ * over the cap, and only by what it needs now; the byte count matches the
+ * resident set. Returns the hits, and a hash of every decision.
+ */
+static uint64_t replay_checked(enum guanaco_policy_kind kind, const struct guanaco_request_trace *t, uint64_t budget,
+                               uint32_t cap, bool oracle_hints, uint64_t *hash_out, int *violations) {
+    struct guanaco_policy_config config = config_of(kind, t, budget, cap);
+    struct guanaco_policy *policy = NULL;
+    if (guanaco_policy_create(&config, &policy) != 0) {
+        (*violations)++;
+        return 0;
+    }
+    size_t n_slots = (size_t)t->n_layer * t->n_expert;
+    uint32_t *missing = malloc(t->n_expert * sizeof(uint32_t));
+    uint32_t *victim_layers = malloc(n_slots * sizeof(uint32_t)), *victim_experts = malloc(n_slots * sizeof(uint32_t));
+    uint8_t *was_resident = malloc(t->n_expert);
+    uint64_t hits = 0, hash = 1469598103934665603ull;
+    for (size_t r = 0; r < t->n_requests; r++) {
+        uint32_t layer = t->request_layer[r];
+        const uint32_t *experts = t->experts + t->request_start[r];
+        size_t n = t->request_start[r + 1] - t->request_start[r], n_missing = 0, n_victims = 0;
+        for (uint32_t e = 0; e < t->n_expert; e++) {
+            was_resident[e] = guanaco_policy_is_resident(policy, layer, e);
+        }
+        if (guanaco_policy_access(policy, layer, experts, n, t->request_token[r], missing, &n_missing) != 0) {
+            (*violations)++;
+            break;
+        }
+        size_t expected_missing = 0;
+        for (size_t i = 0; i < n; i++) {
+            expected_missing += !was_resident[experts[i]];
+            *violations += !guanaco_policy_is_resident(policy, layer, experts[i]);
+        }
+        for (size_t i = 0; i < n_missing; i++) {
+            *violations += was_resident[missing[i]];
+        }
+        *violations += n_missing != expected_missing;
+        hits += n - n_missing;
+        for (size_t i = t->request_start[r + 1]; oracle_hints && r + 1 < t->n_requests && i < t->request_start[r + 2]; i++) {
+            guanaco_policy_hint(policy, t->request_layer[r + 1], t->experts[i], 1.0f); /* a perfect pilot */
+        }
+        if (guanaco_policy_evict(policy, layer, victim_layers, victim_experts, n_slots, &n_victims) != 0) {
+            (*violations)++;
+        }
+        for (size_t v = 0; v < n_victims; v++) {
+            *violations += guanaco_policy_is_resident(policy, victim_layers[v], victim_experts[v]);
+            for (size_t i = 0; i < n && victim_layers[v] == layer; i++) {
+                *violations += experts[i] == victim_experts[v];
+            }
+            hash = (hash ^ (victim_layers[v] * 1000003ull + victim_experts[v])) * 1099511628211ull;
+        }
+        hash = (hash ^ n_missing) * 1099511628211ull;
+        uint64_t request_bytes = n * t->expert_bytes[layer];
+        uint64_t resident = guanaco_policy_resident_bytes(policy);
+        *violations += resident > (budget > request_bytes ? budget : request_bytes);
+        if (cap) {
+            for (uint32_t l = 0; l < t->n_layer; l++) {
+                uint32_t count = guanaco_policy_layer_resident_count(policy, l);
+                *violations += count > cap && !(l == layer && count <= n);
+            }
+        }
+        if (r % 97 == 0 || r + 1 == t->n_requests) {
+            uint64_t counted = 0;
+            for (uint32_t l = 0; l < t->n_layer; l++) {
+                for (uint32_t e = 0; e < t->n_expert; e++) {
+                    counted += guanaco_policy_is_resident(policy, l, e) ? t->expert_bytes[l] : 0;
+                }
+            }
+            *violations += counted != resident;
+        }
+    }
+    free(missing);
+    free(victim_layers);
+    free(victim_experts);
+    free(was_resident);
+    guanaco_policy_free(policy);
+    if (hash_out) {
+        *hash_out = hash;
+    }
+    return hits;
+}
+
+/* ---- hand-made sequences ---- */
+
+static struct guanaco_policy *make_policy(enum guanaco_policy_kind kind, uint32_t n_layer, uint32_t n_expert,
+                                          const uint64_t *bytes, uint64_t budget, uint32_t cap) {
+    struct guanaco_policy_config config = {.kind = kind, .n_layer = n_layer, .n_expert = n_expert,
+                                           .expert_bytes = bytes, .budget_bytes = budget, .max_per_layer = cap};
+    struct guanaco_policy *policy = NULL;
+    return guanaco_policy_create(&config, &policy) == 0 ? policy : NULL;
+}
+
+/* One access of a single expert then evict; returns the victim count and the first victim. */
+static size_t touch(struct guanaco_policy *policy, uint32_t layer, uint32_t expert, uint64_t now,
+                    uint32_t *victim_layer, uint32_t *victim_expert) {
+    uint32_t missing[1], layers[64], experts[64];
+    size_t n_missing, n_victims = 0;
+    if (guanaco_policy_access(policy, layer, &expert, 1, now, missing, &n_missing) != 0 ||
+        guanaco_policy_evict(policy, layer, layers, experts, 64, &n_victims) != 0) {
+        return 999;
+    }
+    if (n_victims && victim_layer) {
+        *victim_layer = layers[0];
+        *victim_expert = experts[0];
+    }
+    return n_victims;
+}
+
+static void test_names_and_errors(void) {
+    enum guanaco_policy_kind kind;
+    for (size_t i = 0; i < N_KINDS; i++) {
+        CHECK(guanaco_policy_kind_from_name(guanaco_policy_kind_name(all_kinds[i]), &kind) == 0 && kind == all_kinds[i]);
+    }
+    CHECK(guanaco_policy_kind_from_name("belady", &kind) == -EINVAL);
+    CHECK(strstr(guanaco_policy_kind_names(), guanaco_policy_kind_name(GUANACO_POLICY_DEFAULT)) != NULL);
+
+    uint64_t bytes[2] = {0, 100};
+    struct guanaco_policy_config bad = {.kind = GUANACO_POLICY_LRU, .n_layer = 0, .n_expert = 4, .expert_bytes = bytes};
+    struct guanaco_policy *policy = (struct guanaco_policy *)&bad;
+    CHECK(guanaco_policy_create(&bad, &policy) == -EINVAL && policy == NULL);
+    bad.n_layer = 2;
+    bad.kind = (enum guanaco_policy_kind)42;
+    CHECK(guanaco_policy_create(&bad, &policy) == -EINVAL);
+
+    for (size_t i = 0; i < N_KINDS; i++) {
+        policy = make_policy(all_kinds[i], 2, 4, bytes, 250, 0);
+        uint32_t ids[2] = {1, 4}, missing[2];
+        size_t n_missing = 7;
+        CHECK(policy != NULL);
+        CHECK(guanaco_policy_access(policy, 0, ids, 1, 0, missing, &n_missing) == -EINVAL); /* dense layer */
+        CHECK(guanaco_policy_access(policy, 2, ids, 1, 0, missing, &n_missing) == -EINVAL);
+        CHECK(guanaco_policy_access(policy, 1, ids, 2, 0, missing, &n_missing) == -EINVAL && n_missing == 0);
+        CHECK(guanaco_policy_resident_bytes(policy) == 0 && !guanaco_policy_is_resident(policy, 1, 1));
+        guanaco_policy_hint(policy, 9, 9, 1.0f); /* ignored */
+        guanaco_policy_free(policy);
+    }
+}
+
+static void test_lru_victims(void) {
+    uint64_t bytes[2] = {10, 10};
+    struct guanaco_policy *policy = make_policy(GUANACO_POLICY_LRU, 2, 4, bytes, 30, 0);
+    uint32_t vl = 99, ve = 99;
+    CHECK(touch(policy, 0, 0, 0, NULL, NULL) == 0);
+    CHECK(touch(policy, 1, 1, 0, NULL, NULL) == 0);
+    CHECK(touch(policy, 0, 2, 1, NULL, NULL) == 0);
+    CHECK(touch(policy, 0, 0, 1, NULL, NULL) == 0);                       /* hit: (0,0) is recent again */
+    CHECK(touch(policy, 1, 3, 2, &vl, &ve) == 1 && vl == 1 && ve == 1);   /* least recent: (1,1) */
+    CHECK(touch(policy, 0, 2, 3, NULL, NULL) == 0);
+    CHECK(touch(policy, 1, 1, 3, &vl, &ve) == 1 && vl == 0 && ve == 0);   /* now (0,0) is */
+    CHECK(guanaco_policy_resident_bytes(policy) == 30);
+    guanaco_policy_free(policy);
+
+    /* the textbook string 1 2 3 4 1 2 5 1 2 3 4 5 in 3 frames: LRU faults 10 times */
+    const uint32_t string[12] = {1, 2, 3, 4, 1, 2, 5, 1, 2, 3, 4, 5};
+    uint64_t one = 1;
+    policy = make_policy(GUANACO_POLICY_LRU, 1, 6, &one, 3, 0);
+    size_t faults = 0;
+    for (int i = 0; i < 12; i++) {
+        uint32_t missing[1];
+        size_t n_missing, n_victims;
+        uint32_t layers[4], experts[4];
+        guanaco_policy_access(policy, 0, &string[i], 1, (uint64_t)i, missing, &n_missing);
+        guanaco_policy_evict(policy, 0, layers, experts, 4, &n_victims);
+        faults += n_missing;
+    }
+    CHECK(faults == 10);
+    guanaco_policy_free(policy);
+}
+
+static void test_lfu_and_layer_lru_victims(void) {
+    uint64_t bytes[2] = {10, 10};
+    struct guanaco_policy_config config = {.kind = GUANACO_POLICY_LFU, .n_layer = 1, .n_expert = 4,
+                                           .expert_bytes = bytes, .budget_bytes = 30, .half_life = 1e9};
+    struct guanaco_policy *policy = NULL;
+    CHECK(guanaco_policy_create(&config, &policy) == 0);
+    uint32_t vl = 99, ve = 99;
+    for (uint64_t t = 0; t < 3; t++) {
+        touch(policy, 0, 0, t, NULL, NULL);
+    }
+    touch(policy, 0, 1, 3, NULL, NULL);
+    touch(policy, 0, 1, 4, NULL, NULL);
+    touch(policy, 0, 2, 5, NULL, NULL);
+    touch(policy, 0, 0, 6, NULL, NULL); /* expert 2 is both the least frequent and not the least recent */
+    CHECK(touch(policy, 0, 3, 7, &vl, &ve) == 1 && ve == 2);
+    guanaco_policy_free(policy);
+
+    /* decay: 0 was used often long ago, 1 a little lately; with a short half-life 0 goes first */
+    config.half_life = 2;
+    CHECK(guanaco_policy_create(&config, &policy) == 0);
+    for (uint64_t t = 0; t < 5; t++) {
+        touch(policy, 0, 0, t, NULL, NULL);
+    }
+    touch(policy, 0, 1, 40, NULL, NULL);
+    touch(policy, 0, 2, 41, NULL, NULL);
+    CHECK(touch(policy, 0, 3, 42, &vl, &ve) == 1 && ve == 0);
+    guanaco_policy_free(policy);
+
+    /* layer-lru: the layer above its share gives, even when another holds the globally oldest */
+    policy = make_policy(GUANACO_POLICY_LAYER_LRU, 2, 8, bytes, 40, 0);
+    CHECK(guanaco_policy_layer_target_bytes(policy, 0) == 20);
+    touch(policy, 0, 0, 0, NULL, NULL);
+    touch(policy, 0, 1, 0, NULL, NULL);
+    touch(policy, 1, 0, 0, NULL, NULL);
+    touch(policy, 1, 1, 1, NULL, NULL);
+    CHECK(touch(policy, 1, 2, 2, &vl, &ve) == 1 && vl == 1 && ve == 0);
+    guanaco_policy_free(policy);
+}
+
+static void test_oversubscription_and_capacity(void) {
+    uint64_t bytes[2] = {10, 10};
+    for (size_t i = 0; i < N_KINDS; i++) {
+        struct guanaco_policy *policy = make_policy(all_kinds[i], 2, 16, bytes, 30, 0);
+        uint32_t ids[6] = {0, 1, 2, 3, 4, 5}, missing[6], layers[16], experts[16];
+        size_t n_missing, n_victims;
+        CHECK(guanaco_policy_access(policy, 0, ids, 6, 0, missing, &n_missing) == 0 && n_missing == 6);
+        CHECK(guanaco_policy_evict(policy, 0, layers, experts, 16, &n_victims) == 0 && n_victims == 0);
+        CHECK(guanaco_policy_resident_bytes(policy) == 60); /* all six needed now: overshoot of one layer */
+        CHECK(guanaco_policy_access(policy, 1, ids, 1, 0, missing, &n_missing) == 0 && n_missing == 1);
+        /* a full array stops evict early; the next call carries on */
+        CHECK(guanaco_policy_evict(policy, 1, layers, experts, 2, &n_victims) == -ENOBUFS && n_victims == 2);
+        CHECK(layers[0] == 0 && layers[1] == 0 && guanaco_policy_resident_bytes(policy) == 50);
+        CHECK(guanaco_policy_evict(policy, 1, layers, experts, 16, &n_victims) == 0 && n_victims == 2);
+        CHECK(guanaco_policy_resident_bytes(policy) == 30 && guanaco_policy_is_resident(policy, 1, 0));
+        guanaco_policy_free(policy);
+    }
+}
+
+static void test_cap(void) {
+    uint64_t bytes[2] = {10, 10};
+    for (size_t i = 0; i < N_KINDS; i++) {
+        struct guanaco_policy *policy = make_policy(all_kinds[i], 2, 8, bytes, 1000, 2);
+        for (uint32_t e = 0; e < 5; e++) {
+            touch(policy, 0, e, e, NULL, NULL);
+        }
+        CHECK(guanaco_policy_layer_resident_count(policy, 0) == 2);
+        CHECK(guanaco_policy_is_resident(policy, 0, 4) && guanaco_policy_is_resident(policy, 0, 3));
+        uint32_t ids[3] = {5, 6, 7}, missing[3], layers[8], experts[8];
+        size_t n_missing, n_victims;
+        guanaco_policy_access(policy, 0, ids, 3, 9, missing, &n_missing);
+        CHECK(guanaco_policy_evict(policy, 0, layers, experts, 8, &n_victims) == 0 && n_victims == 2);
+        CHECK(guanaco_policy_layer_resident_count(policy, 0) == 3); /* over the cap only by what it needs */
+        touch(policy, 1, 0, 10, NULL, NULL);                       /* once layer 0 is done, back under it */
+        CHECK(guanaco_policy_layer_resident_count(policy, 0) == 2);
+        guanaco_policy_free(policy);
+    }
+}
+
+/* Accesses of layer 1 that need all it holds, so every victim must come from layer 0. */
+static size_t grow_layer1(struct guanaco_policy *policy, uint32_t n, uint64_t now, uint32_t *victim) {
+    uint32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7}, missing[8], layers[16], experts[16];
+    size_t n_missing, n_victims = 0;
+    guanaco_policy_access(policy, 1, ids, n, now, missing, &n_missing);
+    guanaco_policy_evict(policy, 1, layers, experts, 16, &n_victims);
+    if (n_victims == 1 && layers[0] == 0) {
+        *victim = experts[0];
+    }
+    return n_victims;
+}
+
+static void test_guanaco_hint(void) {
+    uint64_t bytes[2] = {10, 10};
+    struct guanaco_policy *policy = make_policy(GUANACO_POLICY_GUANACO, 2, 8, bytes, 50, 0);
+    uint32_t ids[4] = {0, 1, 2, 3}, missing[4], victim = 99;
+    size_t n_missing;
+    guanaco_policy_access(policy, 0, ids, 4, 0, missing, &n_missing);
+    CHECK(grow_layer1(policy, 1, 0, &victim) == 0);
+    guanaco_policy_hint(policy, 0, 0, 0.9f); /* at now 0, lifetime 1: protects while now < 2 */
+    CHECK(grow_layer1(policy, 2, 1, &victim) == 1 && victim == 1); /* 0 was coldest (ties by id), but hinted */
+    CHECK(guanaco_policy_is_resident(policy, 0, 0));
+    CHECK(grow_layer1(policy, 3, 2, &victim) == 1 && victim == 0); /* lapsed: layer 0 never came */
+    guanaco_policy_hint(policy, 0, 2, 1.0f);
+    guanaco_policy_hint(policy, 0, 2, 0.0f);                       /* withdrawn */
+    CHECK(grow_layer1(policy, 4, 2, &victim) == 1 && victim == 2);
+    guanaco_policy_hint(policy, 0, 3, 1.0f);                       /* everything layer 0 has: hints yield */
+    CHECK(grow_layer1(policy, 5, 2, &victim) == 1 && victim == 3 && guanaco_policy_resident_bytes(policy) == 50);
+    guanaco_policy_free(policy);
+
+    /* a hint is a guess about the layer's next access: that access ends it, right or wrong */
+    policy = make_policy(GUANACO_POLICY_GUANACO, 1, 8, bytes, 40, 0);
+    uint32_t vl = 99, ve = 99;
+    guanaco_policy_access(policy, 0, ids, 4, 0, missing, &n_missing);
+    guanaco_policy_hint(policy, 0, 0, 1.0f);
+    CHECK(touch(policy, 0, 4, 0, &vl, &ve) == 1 && ve == 0);
+    guanaco_policy_free(policy);
+}
+
+/* An expert used in every token is pinned; once it stops being used the pin is released and it leaves. */
+static void test_guanaco_pin_cools(void) {
+    uint64_t bytes[1] = {10};
+    struct guanaco_policy *policy = make_policy(GUANACO_POLICY_GUANACO, 1, 16, bytes, 60, 0);
+    uint64_t rng = 7;
+    bool pinned_while_hot = false, evicted_after = false, pins_within_budget = true;
+    uint64_t cooled_at = 0;
+    for (uint64_t t = 0; t < 600; t++) {
+        uint32_t ids[2] = {t < 200 ? 0 : 1 + (uint32_t)(next_random(&rng) % 15), 0}, missing[2];
+        do {
+            ids[1] = 1 + (uint32_t)(next_random(&rng) % 15);
+        } while (ids[1] == ids[0]);
+        uint32_t layers[16], experts[16];
+        size_t n_missing, n_victims;
+        guanaco_policy_access(policy, 0, ids, 2, t, missing, &n_missing);
+        guanaco_policy_evict(policy, 0, layers, experts, 16, &n_victims);
+        if (t == 199) {
+            pinned_while_hot = guanaco_policy_is_pinned(policy, 0, 0);
+        }
+        uint32_t pinned = 0;
+        for (uint32_t e = 0; e < 16; e++) {
+            pinned += guanaco_policy_is_pinned(policy, 0, e);
+        }
+        pins_within_budget &= pinned <= 3; /* half of the 6-expert budget */
+        if (t >= 200 && !guanaco_policy_is_resident(policy, 0, 0) && !evicted_after) {
+            evicted_after = true;
+            cooled_at = t;
+        }
+    }
+    CHECK(pinned_while_hot && pins_within_budget);
+    CHECK(evicted_after && !guanaco_policy_is_pinned(policy, 0, 0));
+    printf("guanaco: expert hot for 200 tokens pinned, then unused: evicted at token %llu\n",
+           (unsigned long long)cooled_at);
+    guanaco_policy_free(policy);
+}
+
+/* Two busy layers share the budget; when layer 0 goes idle its share shrinks and layer 1's grows. */
+static void test_guanaco_idle_layer_shrinks(void) {
+    uint64_t bytes[2] = {10, 10};
+    struct guanaco_policy *policy = make_policy(GUANACO_POLICY_GUANACO, 2, 32, bytes, 160, 0);
+    uint64_t rng = 11;
+    uint64_t target0_busy = 0, target1_busy = 0;
+    uint32_t resident0_busy = 0;
+    uint64_t target0_idle = 0, target1_idle = 0;
+    uint32_t resident0_idle = 0;
+    for (uint64_t t = 0; t < 900; t++) {
+        if (t == 600) {
+            target0_idle = guanaco_policy_layer_target_bytes(policy, 0);
+            target1_idle = guanaco_policy_layer_target_bytes(policy, 1);
+            resident0_idle = guanaco_policy_layer_resident_count(policy, 0);
+        }
+        for (uint32_t layer = 0; layer < 2; layer++) {
+            if (layer == 0 && t >= 300 && t < 600) {
+                continue; /* layer 0 idle for 300 tokens, then busy again */
+            }
+            uint32_t ids[4], missing[4], layers[32], experts[32];
+            size_t n = 0, n_missing, n_victims;
+            while (n < 4) {
+                uint32_t e = (uint32_t)(next_random(&rng) % 32);
+                bool dup = false;
+                for (size_t i = 0; i < n; i++) {
+                    dup |= ids[i] == e;
+                }
+                if (!dup) {
+                    ids[n++] = e;
+                }
+            }
+            guanaco_policy_access(policy, layer, ids, n, t, missing, &n_missing);
+            guanaco_policy_evict(policy, layer, layers, experts, 32, &n_victims);
+        }
+        if (t == 299) {
+            target0_busy = guanaco_policy_layer_target_bytes(policy, 0);
+            target1_busy = guanaco_policy_layer_target_bytes(policy, 1);
+            resident0_busy = guanaco_policy_layer_resident_count(policy, 0);
+        }
+    }
+    uint64_t target0_back = guanaco_policy_layer_target_bytes(policy, 0);
+    uint32_t resident0_back = guanaco_policy_layer_resident_count(policy, 0);
+    printf("guanaco: layer 0 busy/idle/busy again: target %llu -> %llu -> %llu bytes (%u -> %u -> %u experts); "
+           "layer 1 always busy: %llu -> %llu\n",
+           (unsigned long long)target0_busy, (unsigned long long)target0_idle, (unsigned long long)target0_back,
+           resident0_busy, resident0_idle, resident0_back, (unsigned long long)target1_busy,
+           (unsigned long long)target1_idle);
+    CHECK(target0_busy >= 50 && target0_busy <= 110); /* about half while both are busy */
+    CHECK(resident0_busy >= 5);
+    CHECK(target0_idle * 4 < target0_busy);
+    CHECK(resident0_idle <= 1);
+    CHECK(target1_idle > target1_busy);
+    CHECK(target0_back >= 50 && resident0_back >= 5); /* and it grows back */
+    guanaco_policy_free(policy);
+}
+
+/* ---- Belady ---- */
+
+static void test_belady_exact(void) {
+    /* the textbook string in 3 frames: MIN faults 7 times (FIFO 9, LRU 10) */
+    const uint32_t string[12] = {1, 2, 3, 4, 1, 2, 5, 1, 2, 3, 4, 5};
+    uint64_t one = 1;
+    struct owned_trace t;
+    trace_init(&t, 1, 6, &one, 12, 12);
+    for (int i = 0; i < 12; i++) {
+        trace_add(&t, (uint64_t)i, 0, &string[i], 1);
+    }
+    struct guanaco_replay_stats stats;
+    bool exact = false;
+    CHECK(guanaco_belady(&t.view, 3, &stats, &exact) == 0 && exact);
+    CHECK(stats.misses == 7 && stats.hits == 5 && stats.evictions == 4 && stats.bytes_read == 7);
+    trace_free(&t);
+
+    /* requests of several experts, all resident at once: {0,1} {2} {0} {1} in 2 frames.
+       At {2}, 0 is next needed before 1, so 1 goes; at {1}, 0 and 2 are never needed again. */
+    uint64_t bytes[2] = {5, 9};
+    trace_init(&t, 2, 4, bytes, 8, 16);
+    trace_add(&t, 0, 0, (uint32_t[]){0, 1}, 2);
+    trace_add(&t, 1, 0, (uint32_t[]){2}, 1);
+    trace_add(&t, 2, 0, (uint32_t[]){0}, 1);
+    trace_add(&t, 3, 0, (uint32_t[]){1}, 1);
+    CHECK(guanaco_belady(&t.view, 10, &stats, &exact) == 0 && exact);
+    CHECK(stats.hits == 1 && stats.misses == 4 && stats.evictions == 2 && stats.bytes_read == 20);
+    trace_add(&t, 4, 1, (uint32_t[]){3}, 1); /* a layer of another size: farthest-next-use is a heuristic */
+    CHECK(guanaco_belady(&t.view, 10, &stats, &exact) == 0 && !exact);
+    CHECK(stats.peak_resident_bytes <= 10 || stats.worst_overshoot_bytes <= 9);
+    /* a request bigger than the budget still loads whole */
+    CHECK(guanaco_belady(&t.view, 5, &stats, &exact) == 0 && stats.worst_overshoot_bytes == 5);
+    trace_add(&t, 5, 0, (uint32_t[]){1, 1}, 2); /* repeated expert: malformed */
+    CHECK(guanaco_belady(&t.view, 10, &stats, &exact) == -EINVAL);
+    trace_free(&t);
+}
+
+/* Fewest misses over every possible eviction choice, by dynamic programming over resident sets. */
+static uint32_t optimal_misses(const struct owned_trace *t, size_t r, uint32_t resident, uint32_t frames,
+                               uint32_t *memo) {
+    if (r == t->view.n_requests) {
+        return 0;
+    }
+    uint32_t *cell = &memo[r * 256 + resident];
+    if (*cell != UINT32_MAX) {
+        return *cell;
+    }
+    uint32_t needed = 0;
+    for (size_t i = t->request_start[r]; i < t->request_start[r + 1]; i++) {
+        needed |= 1u << (t->request_layer[r] * t->view.n_expert + t->experts[i]);
+    }
+    uint32_t loaded = resident | needed, limit = frames;
+    if ((uint32_t)__builtin_popcount(needed) > limit) {
+        limit = (uint32_t)__builtin_popcount(needed);
+    }
+    uint32_t best = UINT32_MAX;
+    for (uint32_t keep = loaded;; keep = (keep - 1) & loaded) { /* every subset that still holds the request */
+        if ((keep & needed) == needed && (uint32_t)__builtin_popcount(keep) <= limit) {
+            uint32_t rest = optimal_misses(t, r + 1, keep, frames, memo);
+            best = rest < best ? rest : best;
+        }
+        if (keep == 0) {
+            break;
+        }
+    }
+    *cell = best + (uint32_t)__builtin_popcount(needed & ~resident);
+    return *cell;
+}
+
+static void test_belady_against_exhaustive(void) {
+    uint64_t rng = 3, bytes[2] = {7, 7};
+    int mismatches = 0;
+    for (int round = 0; round < 300; round++) {
+        uint32_t n_expert = 2 + (uint32_t)(next_random(&rng) % 3), frames = 1 + (uint32_t)(next_random(&rng) % 4);
+        size_t n_requests = 4 + next_random(&rng) % 10;
+        struct owned_trace t;
+        trace_init(&t, 2, n_expert, bytes, n_requests, n_requests * n_expert);
+        for (size_t r = 0; r < n_requests; r++) {
+            uint32_t ids[4], n = 0;
+            for (uint32_t e = 0; e < n_expert; e++) {
+                if (next_random(&rng) % 3 == 0) {
+                    ids[n++] = e;
+                }
+            }
+            trace_add(&t, r / 2, (uint32_t)(r % 2), ids, n);
+        }
+        uint32_t *memo = malloc(n_requests * 256 * sizeof(uint32_t));
+        memset(memo, 0xff, n_requests * 256 * sizeof(uint32_t));
+        struct guanaco_replay_stats stats;
+        bool exact;
+        guanaco_belady(&t.view, frames * 7, &stats, &exact);
+        mismatches += stats.misses != optimal_misses(&t, 0, 0, frames, memo);
+        free(memo);
+        trace_free(&t);
+    }
+    CHECK(mismatches == 0);
+}
+
+/* Belady is an upper bound for every policy, with and without a cap; all invariants hold throughout. */
+static void test_bound_and_invariants(void) {
+    uint64_t bytes[6] = {100, 100, 100, 100, 100, 100};
+    uint64_t mixed[6] = {0, 100, 300, 0, 200, 100};
+    struct routing_shape uniform = {0, 0, 1, 0, 0}, skewed = {1.0, 0.6, 3, 100, 0.5};
+    struct {
+        const char *name;
+        const uint64_t *bytes;
+        struct routing_shape shape;
+    } cases[] = {{"random", bytes, uniform}, {"skewed", bytes, skewed}, {"skewed, mixed sizes", mixed, skewed}};
+    for (size_t c = 0; c < 3; c++) {
+        struct owned_trace t;
+        make_routing(&t, 6, 32, cases[c].bytes, 4, 400, cases[c].shape, 100 + c);
+        uint64_t all = 0;
+        for (int l = 0; l < 6; l++) {
+            all += 32 * cases[c].bytes[l];
+        }
+        uint64_t budgets[3] = {all / 10, all / 4, all / 2};
+        for (int b = 0; b < 3; b++) {
+            struct guanaco_replay_stats best;
+            bool exact;
+            CHECK(guanaco_belady(&t.view, budgets[b], &best, &exact) == 0);
+            CHECK(exact == (cases[c].bytes == bytes));
+            for (size_t i = 0; i < N_KINDS; i++) {
+                for (uint32_t cap = 0; cap <= 6; cap += 3) { /* 3: below the 4 experts of a request */
+                    int violations = 0;
+                    uint64_t hash1, hash2;
+                    bool hints = cap == 0 && all_kinds[i] == GUANACO_POLICY_GUANACO;
+                    uint64_t hits = replay_checked(all_kinds[i], &t.view, budgets[b], cap, false, &hash1, &violations);
+                    uint64_t again = replay_checked(all_kinds[i], &t.view, budgets[b], cap, false, &hash2, &violations);
+                    uint64_t hinted = hints ? replay_checked(all_kinds[i], &t.view, budgets[b], 0, true, NULL, &violations) : 0;
+                    if (exact && hints) {
+                        CHECK(best.hits >= hinted);
+                    }
+                    CHECK(violations == 0);
+                    CHECK(hits == again && hash1 == hash2); /* deterministic */
+                    if (exact) {
+                        CHECK(best.hits >= hits);
+                    }
+                    struct guanaco_replay_stats simulated;
+                    struct guanaco_policy_config config = config_of(all_kinds[i], &t.view, budgets[b], cap);
+                    CHECK(guanaco_simulate(&t.view, &config, &simulated) == 0 && simulated.hits == hits);
+                    if (violations || (exact && best.hits < hits)) {
+                        fprintf(stderr, "  in %s, budget %llu, %s, cap %u: hits %llu, belady %llu, %d violations\n",
+                                cases[c].name, (unsigned long long)budgets[b], guanaco_policy_kind_name(all_kinds[i]),
+                                cap, (unsigned long long)hits, (unsigned long long)best.hits, violations);
+                    }
+                }
+            }
+        }
+        trace_free(&t);
+    }
+}
+
+/* ---- printed: hit rates against Belady, and the cost per policy ---- */
+
+static void print_hit_rates(void) {
+    enum { LAYERS = 48, EXPERTS = 128, K = 8, TOKENS = 2000 };
+    uint64_t bytes[LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        bytes[l] = 1;
+    }
+    /* calibrated: layer-lru here gives 41/66/82/91% at 8/16/32/64 experts per layer, where REFERENCE.md
+       section 7 measured per-layer LRU on Qwen3-30B-A3B at 42/65/81/92% */
+    struct routing_shape shape = {1.0, 0.6, 3, 500, 0.5};
+    struct owned_trace t;
+    make_routing(&t, LAYERS, EXPERTS, bytes, K, TOKENS, shape, 42);
+    printf("hit rate on a skewed synthetic trace (%d tokens x %d layers x %d of %d experts, zipf %.1f +-%.0f%% "
+           "by layer, reuse %.1f from ~%.0f tokens back, drift every %u):\n", TOKENS, LAYERS, K, EXPERTS, shape.skew,
+           100 * shape.spread, shape.reuse, shape.depth, shape.drift);
+    printf("  budget    belady");
+    for (size_t i = 0; i < N_KINDS; i++) {
+        printf("  %9s", guanaco_policy_kind_name(all_kinds[i]));
+    }
+    printf("  guanaco+oracle hints\n");
+    const int percents[4] = {5, 10, 25, 50}; /* 5%: less than one token's working set (6.25%) */
+    for (int b = 0; b < 4; b++) {
+        uint64_t budget = (uint64_t)LAYERS * EXPERTS * percents[b] / 100;
+        struct guanaco_replay_stats stats;
+        bool exact;
+        guanaco_belady(&t.view, budget, &stats, &exact);
+        printf("  %5d%%  %7.1f%%", percents[b], 100.0 * stats.hits / stats.accesses);
+        for (size_t i = 0; i < N_KINDS; i++) {
+            struct guanaco_policy_config config = config_of(all_kinds[i], &t.view, budget, 0);
+            guanaco_simulate(&t.view, &config, &stats);
+            printf("  %8.1f%%", 100.0 * stats.hits / stats.accesses);
+        }
+        int violations = 0;
+        uint64_t hinted = replay_checked(GUANACO_POLICY_GUANACO, &t.view, budget, 0, true, NULL, &violations);
+        printf("  %8.1f%%\n", 100.0 * hinted / stats.accesses);
+        CHECK(violations == 0);
+    }
+    trace_free(&t);
+}
+
+static double seconds_since(const struct timespec *start) {
+    struct timespec end;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    return (double)(end.tv_sec - start->tv_sec) + (double)(end.tv_nsec - start->tv_nsec) * 1e-9;
+}
+
+static void print_timings(size_t tokens) {
+    enum { LAYERS = 48, EXPERTS = 128, K = 8 };
+    uint64_t bytes[LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        bytes[l] = 1;
+    }
+    struct timespec start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    struct owned_trace t;
+    make_routing(&t, LAYERS, EXPERTS, bytes, K, tokens, (struct routing_shape){1.0, 0.6, 3, 500, 0.5}, 5);
+    size_t accesses = t.request_start[t.view.n_requests];
+    printf("timing: %zu tokens x %d layers x %d of %d experts = %zu accesses (generated in %.2f s), budget 25%%:\n",
+           tokens, LAYERS, K, EXPERTS, accesses, seconds_since(&start));
+    uint64_t budget = (uint64_t)LAYERS * EXPERTS / 4;
+    struct guanaco_replay_stats stats;
+    for (size_t i = 0; i < N_KINDS; i++) {
+        struct guanaco_policy_config config = config_of(all_kinds[i], &t.view, budget, 0);
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        guanaco_simulate(&t.view, &config, &stats);
+        double s = seconds_since(&start);
+        printf("  %-9s %6.2f s  %5.1f ns/access  hit %.1f%%\n", guanaco_policy_kind_name(all_kinds[i]), s,
+               s * 1e9 / (double)accesses, 100.0 * stats.hits / stats.accesses);
+    }
+    bool exact;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    guanaco_belady(&t.view, budget, &stats, &exact);
+    double s = seconds_since(&start);
+    printf("  %-9s %6.2f s  %5.1f ns/access  hit %.1f%%\n", "belady", s, s * 1e9 / (double)accesses,
+           100.0 * stats.hits / stats.accesses);
+    trace_free(&t);
+}
+
+int main(void) {
+    test_names_and_errors();
+    test_lru_victims();
+    test_lfu_and_layer_lru_victims();
+    test_oversubscription_and_capacity();
+    test_cap();
+    test_guanaco_hint();
+    test_guanaco_pin_cools();
+    test_guanaco_idle_layer_shrinks();
+    test_belady_exact();
+    test_belady_against_exhaustive();
+    test_bound_and_invariants();
+    print_hit_rates();
+    const char *env = getenv("GUANACO_PERF_TOKENS");
+    size_t tokens = env ? strtoull(env, NULL, 10) : 100000;
+    if (tokens > 0) {
+        print_timings(tokens);
+    }
+    return check_summary();
+}
