@@ -40,10 +40,14 @@ enum guanaco_readahead {
     GUANACO_READAHEAD_SEQUENTIAL = 2, /* MADV_SEQUENTIAL: aggressive readahead */
 };
 
+#define GUANACO_PATH_BYTES 4096
+
 struct guanaco_options {
     bool streaming;                   /* --guanaco-streaming */
     enum guanaco_readahead readahead; /* --guanaco-readahead */
     bool log;                         /* GUANACO_LOG / --guanaco-log */
+    char trace_out[GUANACO_PATH_BYTES];    /* --guanaco-trace-out: "" when not recording */
+    char trace_replay[GUANACO_PATH_BYTES]; /* --guanaco-trace-replay: "" when not replaying */
 };
 
 /*

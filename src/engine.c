@@ -27,6 +27,70 @@ static const char *readahead_name(enum guanaco_readahead readahead) {
 
 static double gib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
 
+/* Index a replay trace by layer so each context can walk one layer's routing in order. */
+static int index_replay(struct guanaco_engine *engine) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    const struct guanaco_trace *t = &engine->replay;
+    engine->replay_records_of_layer = calloc((size_t)m->n_layer, sizeof(*engine->replay_records_of_layer));
+    engine->replay_records_in_layer = calloc((size_t)m->n_layer, sizeof(*engine->replay_records_in_layer));
+    if (!engine->replay_records_of_layer || !engine->replay_records_in_layer) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < t->n_records; i++) {
+        engine->replay_records_in_layer[t->layer[i]]++;
+    }
+    for (int layer = 0; layer < m->n_layer; layer++) {
+        size_t n = engine->replay_records_in_layer[layer];
+        if (engine->moe_layer_of[layer] && n == 0) {
+            guanaco_log_error("%s: the trace has no routing for MoE layer %d", engine->options.trace_replay, layer);
+            return -EINVAL;
+        }
+        engine->replay_records_of_layer[layer] = calloc(n ? n : 1, sizeof(size_t));
+        if (!engine->replay_records_of_layer[layer]) {
+            return -ENOMEM;
+        }
+        engine->replay_records_in_layer[layer] = 0;
+    }
+    for (size_t i = 0; i < t->n_records; i++) {
+        uint32_t layer = t->layer[i];
+        engine->replay_records_of_layer[layer][engine->replay_records_in_layer[layer]++] = i;
+    }
+    return 0;
+}
+
+static int open_traces(struct guanaco_engine *engine) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    int err;
+    if (engine->options.trace_replay[0]) {
+        if ((err = guanaco_trace_load(engine->options.trace_replay, &engine->replay)) < 0) {
+            return err;
+        }
+        if ((err = guanaco_trace_shape_check(&engine->replay.shape, (uint32_t)m->n_layer, (uint32_t)m->n_expert,
+                                             (uint32_t)m->n_expert_used)) < 0) {
+            guanaco_log_error("refusing to replay %s onto this %s model: its shape differs",
+                              engine->options.trace_replay, m->arch);
+            return err;
+        }
+        if ((err = index_replay(engine)) < 0) {
+            return err;
+        }
+        guanaco_log_info("replaying %zu routing decisions from %s (%s)", engine->replay.n_records,
+                         engine->options.trace_replay, engine->replay.shape.source);
+    }
+    if (engine->options.trace_out[0]) {
+        struct guanaco_trace_shape shape = {.n_layer = (uint32_t)m->n_layer, .n_expert = (uint32_t)m->n_expert,
+                                            .top_k = (uint32_t)m->n_expert_used};
+        snprintf(shape.arch, sizeof(shape.arch), "%s", m->arch);
+        snprintf(shape.source, sizeof(shape.source), "recorded by guanaco%s", engine->replay.n_records ? " (replay)" : "");
+        if ((err = guanaco_trace_writer_open(engine->options.trace_out, &shape, &engine->trace_writer)) < 0) {
+            guanaco_log_error("cannot record routing to %s: %s", engine->options.trace_out, strerror(-err));
+            return err;
+        }
+        guanaco_log_info("recording routing to %s", engine->options.trace_out);
+    }
+    return 0;
+}
+
 int guanaco_engine_open(const char *path, const char *const *split_paths, size_t n_split_paths, bool dry_run,
                         struct guanaco_engine **out) {
     *out = NULL;
@@ -65,6 +129,11 @@ int guanaco_engine_open(const char *path, const char *const *split_paths, size_t
     }
     for (size_t i = 0; i < m->n_tensors; i++) {
         engine->moe_layer_of[m->tensors[i].layer] = 1;
+    }
+    if (!dry_run && (err = open_traces(engine)) < 0) {
+        engine->dry_run = true; /* nothing ran: no summary */
+        guanaco_engine_close(engine);
+        return err;
     }
     if (!dry_run) {
         guanaco_log_info("model %s: %d experts, top-%d, %d layers (%d MoE)", m->arch, m->n_expert,
@@ -167,6 +236,38 @@ void guanaco_engine_count_routing(struct guanaco_engine *engine, int layer, cons
     }
 }
 
+void guanaco_engine_record_routing(struct guanaco_engine *engine, uint32_t sequence, uint32_t first_token,
+                                   int layer, const int32_t *ids, int k, int n_tokens) {
+    if (!engine->trace_writer || k != engine->manifest.n_expert_used) {
+        return;
+    }
+    for (int row = 0; row < n_tokens; row++) {
+        /* The router's weights are computed after ffn_moe_topk; asking for them would cost another chunk. */
+        int err = guanaco_trace_writer_append(engine->trace_writer, sequence, first_token + (uint32_t)row,
+                                              (uint32_t)layer, ids + (size_t)row * (size_t)k, NULL);
+        if (err < 0) {
+            int expected = 0;
+            if (atomic_compare_exchange_strong(&engine->trace_error, &expected, err)) {
+                guanaco_log_error("recording routing to %s failed: %s", engine->options.trace_out, strerror(-err));
+            }
+            return;
+        }
+    }
+}
+
+const int32_t *guanaco_engine_replay_ids(struct guanaco_engine *engine, int layer, uint64_t row) {
+    if (engine->replay.n_records == 0) {
+        return NULL;
+    }
+    size_t n = engine->replay_records_in_layer[layer];
+    if (row > 0 && row % n == 0) {
+        atomic_fetch_add_explicit(&engine->replay_wraps, 1, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&engine->replayed_rows, 1, memory_order_relaxed);
+    size_t record = engine->replay_records_of_layer[layer][row % n];
+    return engine->replay.ids + record * engine->replay.shape.top_k;
+}
+
 uint64_t guanaco_engine_access_count(const struct guanaco_engine *engine, int layer, int expert) {
     const struct guanaco_manifest *m = &engine->manifest;
     if (!engine->access_count || layer < 0 || layer >= m->n_layer || expert < 0 || expert >= m->n_expert) {
@@ -211,6 +312,23 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
     if (!engine->dry_run && engine->access_count) {
         print_summary(engine);
     }
+    if (!engine->dry_run && engine->replay.n_records) {
+        guanaco_log_info("replay: %llu routings overwritten, recording wrapped around %llu times",
+                         (unsigned long long)atomic_load(&engine->replayed_rows),
+                         (unsigned long long)atomic_load(&engine->replay_wraps));
+    }
+    if (engine->trace_writer) {
+        int err = guanaco_trace_writer_close(engine->trace_writer);
+        if (err < 0 && atomic_load(&engine->trace_error) == 0) {
+            guanaco_log_error("recording routing to %s failed: %s", engine->options.trace_out, strerror(-err));
+        }
+    }
+    for (int layer = 0; engine->replay_records_of_layer && layer < engine->manifest.n_layer; layer++) {
+        free(engine->replay_records_of_layer[layer]);
+    }
+    free(engine->replay_records_of_layer);
+    free(engine->replay_records_in_layer);
+    guanaco_trace_free(&engine->replay);
     free(engine->access_count);
     free(engine->moe_layer_of);
     guanaco_manifest_free(&engine->manifest);

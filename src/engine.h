@@ -7,6 +7,7 @@
 
 #include "guanaco.h"
 #include "manifest.h"
+#include "trace.h"
 
 #include <stdatomic.h>
 
@@ -20,7 +21,23 @@ struct guanaco_engine {
     _Atomic uint64_t router_calls;  /* ffn_moe_topk evaluations */
     _Atomic uint64_t invalid_ids;   /* ids outside [0, n_expert): counted, never used */
     _Atomic int hooks;              /* contexts currently hooked */
+    _Atomic uint32_t contexts_seen; /* numbers the hooks: a recorded trace's sequence id */
+    struct guanaco_trace_writer *trace_writer; /* --guanaco-trace-out, or NULL */
+    struct guanaco_trace replay;               /* --guanaco-trace-replay: n_records 0 when off */
+    size_t **replay_records_of_layer;          /* per layer: indices of the replay's records, in order */
+    size_t *replay_records_in_layer;
+    _Atomic uint64_t replayed_rows;
+    _Atomic uint64_t replay_wraps;  /* times a layer's recorded routing ran out and started over */
+    _Atomic int trace_error;        /* first trace write error; reported at close */
 };
+
+/* Record one router decision of context `sequence` to --guanaco-trace-out, if on. */
+void guanaco_engine_record_routing(struct guanaco_engine *engine, uint32_t sequence, uint32_t first_token,
+                                   int layer, const int32_t *ids, int k, int n_tokens);
+
+/* The replay's expert ids for the `row`-th routing of `layer` in one context
+ * (wrapping around when the recording is shorter), or NULL when not replaying. */
+const int32_t *guanaco_engine_replay_ids(struct guanaco_engine *engine, int layer, uint64_t row);
 
 /* Count one router decision: `n_tokens` rows of `k` expert ids for `layer`. */
 void guanaco_engine_count_routing(struct guanaco_engine *engine, int layer, const int32_t *ids, int k,

@@ -23,6 +23,8 @@
 
 struct guanaco_hook {
     struct guanaco_engine *engine;
+    uint32_t context_id;  /* this context's sequence id in a recorded trace */
+    uint64_t *rows_seen;  /* per layer: routings seen so far, i.e. the next token's index */
     ggml_backend_sched_eval_callback user_callback;
     void *user_data;
     int32_t *ids;        /* scratch: one ubatch of ids, contiguous */
@@ -64,6 +66,26 @@ static int grow(void **buffer, size_t *capacity, size_t needed) {
     *buffer = grown;
     *capacity = needed;
     return 0;
+}
+
+/* Writes the replay's ids over the view, through its strides, so MUL_MAT_ID and the
+ * gathered weights both follow the recorded routing. */
+static void overwrite_router_ids(struct guanaco_hook *hook, struct ggml_tensor *t, int layer, int k, int n_tokens) {
+    for (int token = 0; token < n_tokens; token++) {
+        const int32_t *ids = guanaco_engine_replay_ids(hook->engine, layer, hook->rows_seen[layer] + (uint64_t)token);
+        memcpy(&hook->ids[(size_t)token * (size_t)k], ids, (size_t)k * sizeof(int32_t));
+    }
+    const bool on_host = !t->buffer || ggml_backend_buffer_is_host(t->buffer);
+    char *base = on_host ? t->data : hook->device_copy;
+    for (int token = 0; token < n_tokens; token++) {
+        char *row = base + (size_t)token * t->nb[1];
+        for (int slot = 0; slot < k; slot++) {
+            memcpy(row + (size_t)slot * t->nb[0], &hook->ids[(size_t)token * (size_t)k + (size_t)slot], sizeof(int32_t));
+        }
+    }
+    if (!on_host) {
+        ggml_backend_tensor_set(t, hook->device_copy, 0, ggml_nbytes(t));
+    }
 }
 
 /* Gathers the [k, n_tokens] ids of a strided I32 view into hook->ids. */
@@ -109,7 +131,13 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
     if (layer >= 0) {
         int k = 0, n_tokens = 0;
         if (read_router_ids(hook, t, &k, &n_tokens) == 0) {
+            if (hook->engine->replay.n_records && k == hook->engine->manifest.n_expert_used) {
+                overwrite_router_ids(hook, t, layer, k, n_tokens);
+            }
             guanaco_engine_count_routing(hook->engine, layer, hook->ids, k, n_tokens);
+            guanaco_engine_record_routing(hook->engine, hook->context_id, (uint32_t)hook->rows_seen[layer], layer,
+                                          hook->ids, k, n_tokens);
+            hook->rows_seen[layer] += (uint64_t)n_tokens;
         }
     }
     /* false at ask=false makes the scheduler skip the rest of the split: only the user may say that. */
@@ -126,6 +154,12 @@ int guanaco_hook_install(struct guanaco_engine *engine, ggml_backend_sched_eval_
         return -ENOMEM;
     }
     hook->engine = engine;
+    hook->rows_seen = calloc((size_t)engine->manifest.n_layer, sizeof(*hook->rows_seen));
+    if (!hook->rows_seen) {
+        free(hook);
+        return -ENOMEM;
+    }
+    hook->context_id = atomic_fetch_add(&engine->contexts_seen, 1);
     hook->user_callback = *callback;
     hook->user_data = *user_data;
     *callback = guanaco_eval_callback;
@@ -141,6 +175,7 @@ void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_d
     struct guanaco_hook *hook = user_data;
     atomic_fetch_sub(&hook->engine->hooks, 1);
     free(hook->ids);
+    free(hook->rows_seen);
     free(hook->device_copy);
     free(hook);
 }

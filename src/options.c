@@ -18,7 +18,7 @@
 #include <string.h>
 #include <strings.h>
 
-enum option_kind { OPTION_BOOL, OPTION_CHOICE };
+enum option_kind { OPTION_BOOL, OPTION_CHOICE, OPTION_PATH };
 
 struct option_spec {
     const char *flag;          /* without the leading "--" */
@@ -30,7 +30,7 @@ struct option_spec {
 
 static const char *const readahead_choices[] = {"random", "normal", "sequential", NULL};
 
-enum option_id { OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_COUNT };
+enum option_id { OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY, OPTION_COUNT };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_STREAMING] = {"guanaco-streaming", "GUANACO_STREAMING", OPTION_BOOL, NULL,
@@ -39,10 +39,15 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                           "kernel readahead advice over expert pages (default: normal, measured fastest)"},
     [OPTION_LOG] = {"guanaco-log", "GUANACO_LOG", OPTION_BOOL, NULL,
                     "print Guanaco's status lines (default: on)"},
+    [OPTION_TRACE_OUT] = {"guanaco-trace-out", "GUANACO_TRACE_OUT", OPTION_PATH, NULL,
+                          "record every routing decision to FILE (docs/TRACE.md)"},
+    [OPTION_TRACE_REPLAY] = {"guanaco-trace-replay", "GUANACO_TRACE_REPLAY", OPTION_PATH, NULL,
+                             "overwrite the router's choices with a recorded trace of the same model shape"},
 };
 
 struct option_state {
     int value[OPTION_COUNT];
+    char path[OPTION_COUNT][GUANACO_PATH_BYTES];
     bool set_by_flag[OPTION_COUNT];
 };
 
@@ -59,12 +64,15 @@ static int default_value(enum option_id id) {
 }
 
 static void describe_accepted(const struct option_spec *spec, char *buf, size_t size) {
-    if (spec->kind == OPTION_BOOL) {
-        snprintf(buf, size, "on|off|1|0|true|false");
+    if (spec->kind == OPTION_PATH) {
+        snprintf(buf, size, "a file path of at most %d bytes", GUANACO_PATH_BYTES - 1);
         return;
     }
-    size_t used = 0;
-    buf[0] = '\0';
+    if (spec->kind == OPTION_BOOL) {
+        snprintf(buf, size, "one of on|off|1|0|true|false");
+        return;
+    }
+    size_t used = (size_t)snprintf(buf, size, "one of ");
     for (int i = 0; spec->choices[i]; i++) {
         int n = snprintf(buf + used, size - used, "%s%s", i ? "|" : "", spec->choices[i]);
         if (n < 0 || (size_t)n >= size - used) {
@@ -76,7 +84,12 @@ static void describe_accepted(const struct option_spec *spec, char *buf, size_t 
 
 /* Returns 0 and the parsed value, or -EINVAL after naming `source` in a message. */
 static int parse_value(const struct option_spec *spec, const char *source, const char *text, int *value) {
-    if (spec->kind == OPTION_BOOL) {
+    if (spec->kind == OPTION_PATH) {
+        *value = 1;
+        if (text[0] != '\0' && strlen(text) < GUANACO_PATH_BYTES) {
+            return 0;
+        }
+    } else if (spec->kind == OPTION_BOOL) {
         static const char *const truthy[] = {"1", "on", "true", "yes"};
         static const char *const falsy[] = {"0", "off", "false", "no"};
         for (size_t i = 0; i < 4; i++) {
@@ -90,12 +103,12 @@ static int parse_value(const struct option_spec *spec, const char *source, const
     }
     char accepted[128];
     describe_accepted(spec, accepted, sizeof(accepted));
-    guanaco_log_error("invalid value '%s' for %s: expected one of %s", text, source, accepted);
+    guanaco_log_error("invalid value '%s' for %s: expected %s", text, source, accepted);
     return -EINVAL;
 }
 
 /* The environment's value for one option: LLAMA_ARG_GUANACO_X wins over GUANACO_X. */
-static int read_env(enum option_id id, int *value, bool *found) {
+static int read_env(enum option_id id, int *value, char *path, bool *found) {
     const struct option_spec *spec = &option_specs[id];
     char llama_name[96];
     snprintf(llama_name, sizeof(llama_name), "LLAMA_ARG_%s", spec->env);
@@ -105,7 +118,11 @@ static int read_env(enum option_id id, int *value, bool *found) {
         const char *text = getenv(names[i]);
         if (text && text[0]) {
             *found = true;
-            return parse_value(spec, names[i], text, value);
+            int err = parse_value(spec, names[i], text, value);
+            if (err == 0 && spec->kind == OPTION_PATH) {
+                snprintf(path, GUANACO_PATH_BYTES, "%s", text);
+            }
+            return err;
         }
     }
     return 0;
@@ -113,15 +130,18 @@ static int read_env(enum option_id id, int *value, bool *found) {
 
 int guanaco_options_get(struct guanaco_options *out) {
     int value[OPTION_COUNT];
+    static char path[OPTION_COUNT][GUANACO_PATH_BYTES]; /* guarded by flag_mutex */
     int err = 0;
     pthread_mutex_lock(&flag_mutex);
     for (int id = 0; id < OPTION_COUNT; id++) {
+        path[id][0] = '\0';
         if (flag_state.set_by_flag[id]) {
             value[id] = flag_state.value[id];
+            memcpy(path[id], flag_state.path[id], GUANACO_PATH_BYTES);
             continue;
         }
         bool found = false;
-        int rc = read_env((enum option_id)id, &value[id], &found);
+        int rc = read_env((enum option_id)id, &value[id], path[id], &found);
         if (rc < 0) {
             err = rc;
         }
@@ -129,6 +149,8 @@ int guanaco_options_get(struct guanaco_options *out) {
             value[id] = default_value((enum option_id)id);
         }
     }
+    snprintf(out->trace_out, sizeof(out->trace_out), "%s", path[OPTION_TRACE_OUT]);
+    snprintf(out->trace_replay, sizeof(out->trace_replay), "%s", path[OPTION_TRACE_REPLAY]);
     pthread_mutex_unlock(&flag_mutex);
     out->streaming = value[OPTION_STREAMING] != 0;
     out->readahead = (enum guanaco_readahead)value[OPTION_READAHEAD];
@@ -145,9 +167,11 @@ static void print_help(void) {
         describe_accepted(spec, accepted, sizeof(accepted));
         char usage[160];
         if (spec->kind == OPTION_BOOL) {
-            snprintf(usage, sizeof(usage), "--%s[=%s]", spec->flag, accepted);
+            snprintf(usage, sizeof(usage), "--%s[=on|off]", spec->flag);
+        } else if (spec->kind == OPTION_PATH) {
+            snprintf(usage, sizeof(usage), "--%s FILE", spec->flag);
         } else {
-            snprintf(usage, sizeof(usage), "--%s {%s}", spec->flag, accepted);
+            snprintf(usage, sizeof(usage), "--%s {%s}", spec->flag, accepted + strlen("one of "));
         }
         printf("%-48s %s\n%-48s (env: %s, LLAMA_ARG_%s)\n", usage, spec->help, "", spec->env, spec->env);
     }
@@ -196,7 +220,7 @@ int guanaco_options_parse_argv(int *argc, char **argv) {
             if (i + 1 >= *argc) {
                 char accepted[128];
                 describe_accepted(spec, accepted, sizeof(accepted));
-                guanaco_log_error("--%s needs a value: one of %s", spec->flag, accepted);
+                guanaco_log_error("--%s needs a value: %s", spec->flag, accepted);
                 err = -EINVAL;
                 continue;
             }
@@ -211,6 +235,9 @@ int guanaco_options_parse_argv(int *argc, char **argv) {
         }
         pthread_mutex_lock(&flag_mutex);
         flag_state.value[id] = value;
+        if (spec->kind == OPTION_PATH) {
+            snprintf(flag_state.path[id], GUANACO_PATH_BYTES, "%s", value_text);
+        }
         flag_state.set_by_flag[id] = true;
         pthread_mutex_unlock(&flag_mutex);
     }

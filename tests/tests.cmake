@@ -45,3 +45,5 @@ add_test(NAME io COMMAND test_io)
 # Pure replacement policies against Belady's optimum; the timing run is a benchmark, kept short here.
 add_test(NAME policy COMMAND test_policy)
 set_tests_properties(policy PROPERTIES ENVIRONMENT "GUANACO_PERF_TOKENS=2000")
+# --guanaco-trace-out records what was counted; --guanaco-trace-replay makes another model route the same way.
+guanaco_script_test(trace_replay test_trace_replay.sh)
