@@ -47,3 +47,8 @@ add_test(NAME policy COMMAND test_policy)
 set_tests_properties(policy PROPERTIES ENVIRONMENT "GUANACO_PERF_TOKENS=2000")
 # --guanaco-trace-out records what was counted; --guanaco-trace-replay makes another model route the same way.
 guanaco_script_test(trace_replay test_trace_replay.sh)
+# The policy simulator on the real Mixtral traces: no policy above Belady, compulsory misses at 100%, CSV and PNG.
+guanaco_script_test(sim_mixtral test_sim.sh)
+set_property(TEST sim_mixtral APPEND PROPERTY ENVIRONMENT
+    "SIM=$<TARGET_FILE:guanaco-sim>" "TRACE_CONVERT=$<TARGET_FILE:guanaco-trace-convert>"
+    "SHARED_DIR=${CMAKE_SOURCE_DIR}/../shared")

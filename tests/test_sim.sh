@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# test_sim.sh - owns the check of guanaco-sim on the real Mixtral routing
+# traces (shared/traces/mixtral-8x7b): no policy beats Belady's optimum at any
+# budget, Belady never gets worse with more RAM, a budget that holds every
+# expert leaves only the compulsory misses (counted here from the JSONL, not
+# by the tool), the CSV has one row per (policy, budget), the PNG is drawn
+# when gnuplot exists and skipped cleanly when it does not, and a trace of
+# another shape or a bad budget is refused with a message.
+# Env: SIM, TRACE_CONVERT, SHARED_DIR, WORKDIR.
+set -u
+: "${SIM:?}" "${TRACE_CONVERT:?}" "${WORKDIR:?}"
+traces="${SHARED_DIR:-}/traces/mixtral-8x7b"
+[ -d "$traces" ] || { echo "SKIP: no shared traces at '$traces'"; exit 77; }
+W="$WORKDIR/sim"
+rm -rf "$W" && mkdir -p "$W"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+for name in humaneval gsm8k; do
+    report=$("$TRACE_CONVERT" "$traces/${name}_2_routing.jsonl" "$W/$name.trace" --arch llama --n-expert 8 2>&1)
+    check "$name converts" $? "$report"
+done
+
+budgets="12.5%,25%,50%,100%"
+out=$("$SIM" --trace "$W/humaneval.trace" --trace "$W/gsm8k.trace" --shape mixtral-8x7b --budgets "$budgets" \
+    --policies all --csv "$W/sim.csv" --plot "$W/sim.png" 2>&1)
+check "guanaco-sim runs on both traces" $? "$out"
+echo "$out"
+
+# Compulsory misses, independently of the tool: distinct (layer, expert) pairs in the JSONL.
+compulsory=$(awk '
+    match($0, /"layer": *[0-9]+/) { layer = substr($0, RSTART, RLENGTH); gsub(/[^0-9]/, "", layer) }
+    match($0, /"experts": *\[[^]]*\]/) {
+        list = substr($0, RSTART, RLENGTH); sub(/^[^[]*\[/, "", list); sub(/\]$/, "", list)
+        n = split(list, ids, /[ ,]+/)
+        for (i = 1; i <= n; i++) if (ids[i] != "") seen[layer ":" ids[i]] = 1
+    }
+    END { c = 0; for (k in seen) c++; print c }' "$traces/humaneval_2_routing.jsonl" "$traces/gsm8k_2_routing.jsonl")
+echo "$out" | grep -qE "^compulsory +$compulsory misses"
+check "tool counts $compulsory compulsory misses" $? "$(echo "$out" | grep '^compulsory')"
+
+# The CSV, read by column name so a new column does not break the checks.
+csv="$W/sim.csv"
+rows=$(awk 'NR > 1' "$csv" 2>/dev/null | wc -l)
+[ "$rows" -eq 20 ]
+check "CSV has one row per (policy, budget): 5 x 4" $? "$rows rows"
+for policy in belady lru lfu layer-lru guanaco; do
+    n=$(awk -F, -v p="$policy" 'NR > 1 && $1 == p' "$csv" | wc -l)
+    [ "$n" -eq 4 ]
+    check "CSV has 4 budgets of $policy" $? "$n rows"
+done
+# Prints one line per violation of the invariants; empty when all hold.
+violations=$(awk -F, -v compulsory="$compulsory" '
+    NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    {
+        p = $col["policy"]; b = $col["budget_percent"] + 0
+        hits = $col["hits"] + 0; misses = $col["misses"] + 0; accesses = $col["accesses"] + 0
+        if (hits + misses != accesses) print p " at " b "%: hits + misses != accesses"
+        if (p == "belady") best[b] = hits; else policy_hits[p, b] = hits
+        if (b == 100 && misses != compulsory) print p " at 100%: " misses " misses, not the " compulsory " compulsory ones"
+        if (b == 100 && $col["evictions"] + 0 != 0) print p " at 100%: " $col["evictions"] " evictions"
+        if (p == "lru" && $col["gap_closed_percent"] != "n/a" && $col["gap_closed_percent"] + 0 != 0)
+            print "lru closes " $col["gap_closed_percent"] "% of its own gap"
+        budgets[b] = 1
+    }
+    END {
+        for (key in policy_hits) {
+            split(key, part, SUBSEP)
+            if (policy_hits[key] > best[part[2]])
+                print part[1] " at " part[2] "%: " policy_hits[key] " hits, more than belady " best[part[2]]
+        }
+        m = 0; for (b in budgets) list[++m] = b + 0
+        for (i = 2; i <= m; i++) { v = list[i]; j = i - 1; while (j > 0 && list[j] > v) { list[j + 1] = list[j]; j-- } list[j + 1] = v }
+        for (i = 2; i <= m; i++)
+            if (best[list[i]] < best[list[i - 1]])
+                print "belady falls from " best[list[i - 1]] " hits at " list[i - 1] "% to " best[list[i]] " at " list[i] "%"
+    }' "$csv" 2>&1)
+[ -z "$violations" ]
+check "no policy beats belady; belady non-decreasing in budget; 100% leaves only compulsory misses" $? "$violations"
+
+if command -v gnuplot >/dev/null; then
+    [ -s "$W/sim.png" ] && [ "$(head -c 4 "$W/sim.png" | tail -c 3)" = "PNG" ]
+    check "PNG of the miss-ratio curves is drawn" $? "$(ls -l "$W/sim.png" 2>&1)"
+else
+    echo "gnuplot not installed: the PNG check is skipped"
+fi
+# Without gnuplot the table and CSV still come out, and the run still succeeds.
+skipped=$(PATH=/nonexistent "$SIM" --trace "$W/gsm8k.trace" --shape mixtral-8x7b --budgets 50% --plot "$W/none.png" 2>&1)
+status=$?
+[ "$status" -eq 0 ] && echo "$skipped" | grep -q "gnuplot is not installed" && [ ! -e "$W/none.png" ]
+check "no gnuplot: says so, skips the plot, exits 0" $? "status $status: $skipped"
+
+# A trace of another shape is refused, with the shapes named.
+mismatch=$("$SIM" --trace "$W/humaneval.trace" --shape qwen3-30b-a3b --budgets 50% 2>&1)
+status=$?
+[ "$status" -ne 0 ] && echo "$mismatch" | grep -q "refusing to replay"
+check "Mixtral trace on --shape qwen3-30b-a3b is refused" $? "status $status: $mismatch"
+
+bad=$("$SIM" --trace "$W/humaneval.trace" --shape mixtral-8x7b --budgets 25%,lots 2>&1)
+status=$?
+[ "$status" -ne 0 ] && echo "$bad" | grep -q 'invalid budget "lots"'
+check "a bad budget is refused" $? "status $status: $bad"
+
+# Experts per layer: 1e is exactly 12.5% of Mixtral's experts, so the rows agree.
+one=$("$SIM" --trace "$W/humaneval.trace" --shape mixtral-8x7b --budgets 1e,12.5% --policies lru 2>&1)
+status=$?
+[ "$status" -eq 0 ] && [ "$(echo "$one" | awk '$1 == "belady" { print $2, $5 }' | sort -u | wc -l)" -eq 1 ]
+check "budget 1e equals 12.5% on 8 experts" $? "$one"
+
+# --model: expert bytes from a GGUF. A synthetic qwen3moe of 4 layers x 8 experts, top-2, 64 x 64 experts
+# in Q8_0 holds 3 * 64 * 64 * 34/32 = 13056 bytes per expert, 417792 in all.
+if [ -n "${MKMODEL:-}" ]; then
+    "$MKMODEL" --arch qwen3moe --n-layer 4 --n-embd 64 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --quant Q8_0 \
+        -o "$W/tiny.gguf" >"$W/mkmodel.log" 2>&1
+    check "synthetic qwen3moe written" $? "$(cat "$W/mkmodel.log")"
+    awk 'BEGIN { for (t = 0; t < 50; t++) for (l = 0; l < 4; l++) {
+        a = (t * 3 + l) % 8; b = (a + 1 + t % 7) % 8
+        printf "{\"dataset\": \"d\", \"problem_id\": 0, \"layer\": %d, \"experts\": [%d, %d], \"token_idx\": %d}\n", l, a, b, t
+    } }' >"$W/tiny.jsonl"
+    "$TRACE_CONVERT" "$W/tiny.jsonl" "$W/tiny.trace" --arch qwen3moe >/dev/null 2>&1
+    check "synthetic trace converts" $? ""
+    model=$("$SIM" --trace "$W/tiny.trace" --model "$W/tiny.gguf" --budgets 100% --policies all --csv "$W/tiny.csv" 2>&1)
+    check "guanaco-sim --model runs" $? "$model"
+    bad_rows=$(awk -F, 'NR > 1 && ($3 != 417792 || $8 != 32)' "$W/tiny.csv" 2>&1)
+    [ -z "$bad_rows" ] && [ "$(awk 'NR > 1' "$W/tiny.csv" | wc -l)" -eq 5 ]
+    check "--model: 100% is 417792 bytes of experts, and leaves the 32 compulsory misses" $? "$bad_rows"
+    mismatch=$("$SIM" --trace "$W/humaneval.trace" --model "$W/tiny.gguf" 2>&1)
+    status=$?
+    [ "$status" -ne 0 ] && echo "$mismatch" | grep -q "refusing to replay"
+    check "Mixtral trace on the 4-layer model is refused" $? "status $status: $mismatch"
+else
+    echo "MKMODEL not set: the --model checks are skipped"
+fi
+finish

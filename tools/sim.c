@@ -1,0 +1,1025 @@
+/*
+ * sim.c - guanaco-sim: the policy simulator. It replays recorded routing
+ * traces (docs/TRACE.md) against every replacement policy (src/policy.h) and
+ * against Belady's offline optimum (src/belady.h) over a sweep of RAM
+ * budgets, and reports per (policy, budget) the hit rate, the bytes read per
+ * token, the evictions and the distance to the optimum, as a table on stdout,
+ * a CSV file and a gnuplot-rendered PNG of miss-ratio curves.
+ *
+ * This file owns only the command line and the glue: the geometry of a named
+ * shape or a GGUF (expert bytes per layer), turning loaded traces into the
+ * replay core's request trace (src/simulate.h), running the replays on a few
+ * threads, and the output. The replays themselves are the library's, so the
+ * numbers here are the ones the live engine's policy would produce.
+ */
+#include "belady.h"
+#include "manifest.h"
+#include "policy.h"
+#include "simulate.h"
+#include "trace.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PROG "guanaco-sim"
+#define DEFAULT_BUDGETS "10%,25%,50%,100%"
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static void print_usage(FILE *out) {
+    fprintf(out,
+            "usage: " PROG " --trace FILE [--trace FILE ...] (--shape NAME [--quant TYPE] | --model MODEL.gguf ...)\n"
+            "                   [--budgets LIST] [--policies LIST] [--per-layer-cap N] [--csv OUT.csv]\n"
+            "                   [--plot OUT.png] [--disk-gbps X --compute-ms Y] [--threads N]\n"
+            "\n"
+            "  --trace FILE        a routing trace (docs/TRACE.md); several are replayed back to back\n"
+            "  --shape NAME        expert sizes of a named model: mixtral-8x7b (32 layers, 8 experts, top-2)\n"
+            "                      or qwen3-30b-a3b (48 layers, 128 experts, top-8)\n"
+            "  --quant TYPE        weight type for --shape: Q4_0 (default), Q8_0 or F16\n"
+            "  --model FILE        expert sizes read from a GGUF; repeat it to list every shard of a split model\n"
+            "  --budgets LIST      comma-separated RAM budgets, default %s. Each one is\n"
+            "                      N%% of all expert bytes, a size (6GiB, 500MB, 1e9) or Ne experts per layer (2e)\n"
+            "  --policies LIST     comma-separated from lru,lfu,layer-lru,guanaco, or all (default);\n"
+            "                      belady, the offline optimum, is always replayed\n"
+            "  --per-layer-cap N   most resident experts per layer for the policies (belady is not capped)\n"
+            "  --csv OUT.csv       also write the table as CSV\n"
+            "  --plot OUT.png      also draw miss ratio against budget with gnuplot\n"
+            "  --disk-gbps X       with --compute-ms: disk read speed in GB/s, for predicted tokens/s\n"
+            "  --compute-ms Y      with --disk-gbps: compute time per token in ms\n"
+            "  --threads N         replays run at once (default: the online CPUs)\n",
+            DEFAULT_BUDGETS);
+}
+
+/* ---- model geometry: bytes of one expert in each layer ---- */
+
+struct sim_geometry {
+    char description[200];
+    uint32_t n_layer, n_expert, top_k;
+    uint64_t *expert_bytes;      /* n_layer entries; 0 = a layer without experts */
+    uint32_t n_moe_layers;
+    uint64_t total_expert_bytes; /* every expert of every layer: 100% */
+    uint64_t one_per_layer_bytes;/* one expert of each MoE layer: the unit of "Ne" budgets */
+};
+
+struct sim_named_shape {
+    const char *name;
+    uint32_t n_layer, n_expert, top_k;
+    uint64_t n_embd, n_ff, matrices; /* an expert is `matrices` n_embd x n_ff matrices (gate, up, down) */
+};
+
+static const struct sim_named_shape named_shapes[] = {
+    {"mixtral-8x7b", 32, 8, 2, 4096, 14336, 3},
+    {"qwen3-30b-a3b", 48, 128, 8, 2048, 768, 3},
+};
+
+struct sim_quant {
+    const char *name;
+    uint64_t block_bytes, block_elements; /* ggml's block layout: Q4_0 stores 32 weights in 18 bytes */
+};
+
+static const struct sim_quant quants[] = {
+    {"Q4_0", 18, 32},
+    {"Q8_0", 34, 32},
+    {"F16", 2, 1},
+};
+
+#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static void geometry_finish(struct sim_geometry *geometry) {
+    for (uint32_t l = 0; l < geometry->n_layer; l++) {
+        if (geometry->expert_bytes[l] > 0) {
+            geometry->n_moe_layers++;
+            geometry->one_per_layer_bytes += geometry->expert_bytes[l];
+            geometry->total_expert_bytes += geometry->expert_bytes[l] * geometry->n_expert;
+        }
+    }
+}
+
+static int geometry_from_shape(const char *name, const char *quant_name, struct sim_geometry *out) {
+    const struct sim_named_shape *shape = NULL;
+    for (size_t i = 0; i < COUNT_OF(named_shapes); i++) {
+        if (strcmp(named_shapes[i].name, name) == 0) {
+            shape = &named_shapes[i];
+        }
+    }
+    if (!shape) {
+        fprintf(stderr, PROG ": unknown --shape \"%s\": expected one of mixtral-8x7b|qwen3-30b-a3b\n", name);
+        return -EINVAL;
+    }
+    const struct sim_quant *quant = NULL;
+    for (size_t i = 0; i < COUNT_OF(quants); i++) {
+        if (strcasecmp(quants[i].name, quant_name) == 0) {
+            quant = &quants[i];
+        }
+    }
+    if (!quant) {
+        fprintf(stderr, PROG ": unknown --quant \"%s\": expected one of Q4_0|Q8_0|F16\n", quant_name);
+        return -EINVAL;
+    }
+    out->n_layer = shape->n_layer;
+    out->n_expert = shape->n_expert;
+    out->top_k = shape->top_k;
+    out->expert_bytes = malloc(shape->n_layer * sizeof(*out->expert_bytes));
+    if (!out->expert_bytes) {
+        return -ENOMEM;
+    }
+    /* every row of these shapes is a whole number of blocks, so this division is exact */
+    uint64_t bytes = shape->matrices * shape->n_embd * shape->n_ff / quant->block_elements * quant->block_bytes;
+    for (uint32_t l = 0; l < shape->n_layer; l++) {
+        out->expert_bytes[l] = bytes;
+    }
+    snprintf(out->description, sizeof(out->description), "%s %s", shape->name, quant->name);
+    geometry_finish(out);
+    return 0;
+}
+
+static int geometry_from_model(const char *const *paths, size_t n_paths, struct sim_geometry *out) {
+    struct guanaco_manifest manifest;
+    int err = guanaco_manifest_load(paths[0], n_paths > 1 ? paths : NULL, n_paths > 1 ? n_paths : 0, &manifest);
+    if (err != 0) {
+        fprintf(stderr, PROG ": cannot read the model %s: %s\n", paths[0], strerror(-err));
+        return err;
+    }
+    if (manifest.n_tensors == 0 || manifest.n_expert <= 0 || manifest.n_expert_used <= 0) {
+        fprintf(stderr, PROG ": %s has no expert tensors (a dense model): nothing to simulate\n", paths[0]);
+        guanaco_manifest_free(&manifest);
+        return -EINVAL;
+    }
+    out->n_layer = (uint32_t)manifest.n_layer;
+    out->n_expert = (uint32_t)manifest.n_expert;
+    out->top_k = (uint32_t)manifest.n_expert_used;
+    out->expert_bytes = calloc(out->n_layer, sizeof(*out->expert_bytes));
+    if (!out->expert_bytes) {
+        guanaco_manifest_free(&manifest);
+        return -ENOMEM;
+    }
+    /* One expert of a layer is its slice of each of the layer's expert tensors (gate, up, down, ...). */
+    for (size_t i = 0; i < manifest.n_tensors; i++) {
+        out->expert_bytes[manifest.tensors[i].layer] += manifest.tensors[i].expert_stride;
+    }
+    const char *base = strrchr(paths[0], '/');
+    snprintf(out->description, sizeof(out->description), "%s (%s)", base ? base + 1 : paths[0], manifest.arch);
+    guanaco_manifest_free(&manifest);
+    geometry_finish(out);
+    return 0;
+}
+
+/* ---- budgets ---- */
+
+struct sim_budget {
+    char text[32];   /* as given, for messages */
+    uint64_t bytes;
+    double percent;  /* of all expert bytes */
+};
+
+/* A budget as N%, Ne (experts per layer) or a size with an optional unit. */
+static int parse_budget(const char *text, const struct sim_geometry *geometry, struct sim_budget *out) {
+    size_t length = strlen(text);
+    double bytes = -1;
+    char *end = NULL;
+    if (length > 1 && text[length - 1] == '%') {
+        errno = 0;
+        double percent = strtod(text, &end);
+        if (errno == 0 && end == text + length - 1 && isfinite(percent) && percent > 0) {
+            bytes = (double)geometry->total_expert_bytes * percent / 100.0;
+        }
+    } else if (length > 1 && text[length - 1] == 'e' && strspn(text, "0123456789") == length - 1) {
+        unsigned long experts = strtoul(text, NULL, 10);
+        if (experts == 0 || experts > geometry->n_expert) {
+            fprintf(stderr, PROG ": budget \"%s\": experts per layer must be from 1 to %u\n", text,
+                    geometry->n_expert);
+            return -EINVAL;
+        }
+        bytes = (double)experts * (double)geometry->one_per_layer_bytes;
+    } else {
+        static const struct {
+            const char *unit;
+            double scale;
+        } units[] = {{"", 1},          {"B", 1},         {"KB", 1e3},       {"MB", 1e6},
+                     {"GB", 1e9},      {"TB", 1e12},     {"KiB", 1024.0},   {"MiB", 1048576.0},
+                     {"GiB", GIB},     {"TiB", GIB * 1024.0}};
+        errno = 0;
+        double value = strtod(text, &end);
+        if (errno == 0 && end != text && isfinite(value) && value > 0) {
+            for (size_t i = 0; i < COUNT_OF(units); i++) {
+                if (strcasecmp(end, units[i].unit) == 0) {
+                    bytes = value * units[i].scale;
+                }
+            }
+        }
+    }
+    if (!(bytes >= 1) || bytes >= 9.2e18) {
+        fprintf(stderr,
+                PROG ": invalid budget \"%s\": expected N%% of expert bytes (25%%), a size (6GiB, 500MB, 1e9) "
+                     "or experts per layer (2e), greater than zero\n",
+                text);
+        return -EINVAL;
+    }
+    snprintf(out->text, sizeof(out->text), "%s", text);
+    out->bytes = (uint64_t)llround(bytes);
+    out->percent = 100.0 * (double)out->bytes / (double)geometry->total_expert_bytes;
+    return 0;
+}
+
+/* ---- the request trace, built from any number of loaded traces ---- */
+
+struct sim_requests {
+    size_t n_requests;
+    uint64_t *token;
+    uint32_t *layer;
+    size_t *start;      /* n_requests + 1 */
+    uint32_t *experts;
+    uint64_t n_tokens;  /* distinct (trace, sequence, token) positions */
+    uint64_t n_sequences;
+    size_t n_records;
+};
+
+struct sim_order {
+    uint32_t sequence, token, layer;
+    size_t record;
+};
+
+static int compare_order(const void *a, const void *b) {
+    const struct sim_order *x = a, *y = b;
+    if (x->sequence != y->sequence) return x->sequence < y->sequence ? -1 : 1;
+    if (x->token != y->token) return x->token < y->token ? -1 : 1;
+    if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
+    return x->record < y->record ? -1 : x->record > y->record;
+}
+
+/*
+ * Appends one trace's records as requests, in (sequence, token, layer) order,
+ * which is execution order for decode. Sequences follow each other and the
+ * cache carries over, as for a server answering prompts in turn; a new
+ * (sequence, token) is a new tick of the policies' clock.
+ */
+static int append_trace(struct sim_requests *requests, const struct guanaco_trace *trace, const char *path,
+                        const struct sim_geometry *geometry) {
+    size_t n = trace->n_records;
+    uint32_t top_k = trace->shape.top_k;
+    if (n == 0) {
+        return 0;
+    }
+    size_t n_requests = requests->n_requests + n, n_experts = requests->start[requests->n_requests] + n * top_k;
+    uint64_t *token = realloc(requests->token, n_requests * sizeof(*token));
+    if (token) requests->token = token;
+    uint32_t *layer = realloc(requests->layer, n_requests * sizeof(*layer));
+    if (layer) requests->layer = layer;
+    size_t *start = realloc(requests->start, (n_requests + 1) * sizeof(*start));
+    if (start) requests->start = start;
+    uint32_t *experts = realloc(requests->experts, n_experts * sizeof(*experts));
+    if (experts) requests->experts = experts;
+    /* seen[id] == record + 1 when the record already named id: a repeated id needs no second slot */
+    size_t *seen = calloc(geometry->n_expert, sizeof(*seen));
+    struct sim_order *order = NULL;
+    bool sorted = true;
+    for (size_t i = 1; i < n && sorted; i++) {
+        struct sim_order a = {trace->sequence[i - 1], trace->token[i - 1], trace->layer[i - 1], i - 1};
+        struct sim_order b = {trace->sequence[i], trace->token[i], trace->layer[i], i};
+        sorted = compare_order(&a, &b) < 0;
+    }
+    if (!sorted) {
+        /* the engine appends in hook order, and several contexts may interleave */
+        order = malloc(n * sizeof(*order));
+        if (order) {
+            for (size_t i = 0; i < n; i++) {
+                order[i] = (struct sim_order){trace->sequence[i], trace->token[i], trace->layer[i], i};
+            }
+            qsort(order, n, sizeof(*order), compare_order);
+        }
+    }
+    if (!token || !layer || !start || !experts || !seen || (!sorted && !order)) {
+        free(seen);
+        free(order);
+        fprintf(stderr, PROG ": out of memory for the requests of %s\n", path);
+        return -ENOMEM;
+    }
+    size_t r = requests->n_requests, e = requests->start[r];
+    uint32_t last_sequence = 0, last_token = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t record = sorted ? i : order[i].record;
+        uint32_t sequence = trace->sequence[record], position = trace->token[record], l = trace->layer[record];
+        if (geometry->expert_bytes[l] == 0) {
+            fprintf(stderr, PROG ": %s: record %zu routes in layer %u, which has no experts in %s\n", path, record,
+                    l, geometry->description);
+            free(seen);
+            free(order);
+            return -EINVAL;
+        }
+        if (i == 0 || sequence != last_sequence) {
+            requests->n_sequences++;
+        }
+        if (i == 0 || sequence != last_sequence || position != last_token) {
+            requests->n_tokens++;
+        }
+        last_sequence = sequence;
+        last_token = position;
+        requests->token[r] = requests->n_tokens - 1;
+        requests->layer[r] = l;
+        requests->start[r] = e;
+        for (uint32_t k = 0; k < top_k; k++) {
+            uint32_t id = (uint32_t)trace->ids[record * top_k + k];
+            if (seen[id] != i + 1) {
+                seen[id] = i + 1;
+                requests->experts[e++] = id;
+            }
+        }
+        r++;
+    }
+    requests->start[r] = e;
+    requests->n_requests = r;
+    requests->n_records += n;
+    free(seen);
+    free(order);
+    return 0;
+}
+
+static void requests_free(struct sim_requests *requests) {
+    free(requests->token);
+    free(requests->layer);
+    free(requests->start);
+    free(requests->experts);
+}
+
+/* Misses no cache can avoid: the distinct (layer, expert) pairs the trace touches. */
+static uint64_t count_compulsory(const struct guanaco_request_trace *trace) {
+    size_t n_slots = (size_t)trace->n_layer * trace->n_expert;
+    unsigned char *touched = calloc(n_slots, 1);
+    if (!touched) {
+        return 0;
+    }
+    uint64_t count = 0;
+    for (size_t r = 0; r < trace->n_requests; r++) {
+        for (size_t i = trace->request_start[r]; i < trace->request_start[r + 1]; i++) {
+            size_t slot = (size_t)trace->request_layer[r] * trace->n_expert + trace->experts[i];
+            count += !touched[slot];
+            touched[slot] = 1;
+        }
+    }
+    free(touched);
+    return count;
+}
+
+/* ---- replays, a few at a time ---- */
+
+#define SIM_BELADY (-1) /* a job's kind when it is Belady's MIN rather than a policy */
+
+struct sim_job {
+    int kind;
+    size_t budget;
+    struct guanaco_replay_stats stats;
+    bool exact;
+    int err;
+};
+
+struct sim_pool {
+    const struct guanaco_request_trace *trace;
+    const struct sim_budget *budgets;
+    uint32_t per_layer_cap;
+    struct sim_job *jobs;
+    size_t n_jobs, next;
+    pthread_mutex_t lock;
+};
+
+static void run_job(const struct sim_pool *pool, struct sim_job *job) {
+    uint64_t budget = pool->budgets[job->budget].bytes;
+    if (job->kind == SIM_BELADY) {
+        job->err = guanaco_belady(pool->trace, budget, &job->stats, &job->exact);
+        return;
+    }
+    struct guanaco_policy_config config = {
+        .kind = (enum guanaco_policy_kind)job->kind,
+        .budget_bytes = budget,
+        .max_per_layer = pool->per_layer_cap,
+    };
+    job->exact = true;
+    job->err = guanaco_simulate(pool->trace, &config, &job->stats);
+}
+
+static void *pool_worker(void *argument) {
+    struct sim_pool *pool = argument;
+    for (;;) {
+        pthread_mutex_lock(&pool->lock);
+        size_t j = pool->next < pool->n_jobs ? pool->next++ : pool->n_jobs;
+        pthread_mutex_unlock(&pool->lock);
+        if (j == pool->n_jobs) {
+            return NULL;
+        }
+        run_job(pool, &pool->jobs[j]);
+    }
+}
+
+/* Runs every job on up to n_threads threads; the calling thread works too. */
+static void run_jobs(struct sim_pool *pool, size_t n_threads) {
+    pthread_t threads[63];
+    size_t started = 0;
+    if (n_threads > pool->n_jobs) n_threads = pool->n_jobs;
+    if (n_threads > COUNT_OF(threads) + 1) n_threads = COUNT_OF(threads) + 1;
+    for (size_t t = 1; t < n_threads; t++) {
+        if (pthread_create(&threads[started], NULL, pool_worker, pool) != 0) {
+            break; /* fewer threads only make it slower */
+        }
+        started++;
+    }
+    pool_worker(pool);
+    for (size_t t = 0; t < started; t++) {
+        pthread_join(threads[t], NULL);
+    }
+}
+
+/* ---- output ---- */
+
+struct sim_row {
+    const char *name;
+    const struct sim_budget *budget;
+    const struct guanaco_replay_stats *stats;
+    double hit_percent, megabytes_per_token, gap_points, gap_closed_percent; /* closed: NAN = n/a */
+    double tokens_per_second;                                                /* NAN = not asked */
+};
+
+static double hit_percent(const struct guanaco_replay_stats *stats) {
+    return stats->accesses ? 100.0 * (double)stats->hits / (double)stats->accesses : 0.0;
+}
+
+static struct sim_row make_row(const char *name, const struct sim_budget *budget, const struct sim_job *job,
+                               const struct sim_job *belady, const struct sim_job *lru, uint64_t n_tokens,
+                               double disk_gbps, double compute_ms) {
+    struct sim_row row = {name, budget, &job->stats, hit_percent(&job->stats), 0, 0, NAN, NAN};
+    row.megabytes_per_token = n_tokens ? (double)job->stats.bytes_read / (double)n_tokens / 1e6 : 0.0;
+    double optimum = hit_percent(&belady->stats), baseline = hit_percent(&lru->stats);
+    row.gap_points = optimum - row.hit_percent;
+    /* compared in hits, not rounded percentages, so "LRU is already optimal" is exact */
+    if (belady->stats.hits != lru->stats.hits) {
+        row.gap_closed_percent = 100.0 * (row.hit_percent - baseline) / (optimum - baseline);
+    }
+    if (disk_gbps > 0) {
+        double read_ms = row.megabytes_per_token * 1e6 / (disk_gbps * 1e9) * 1000.0;
+        row.tokens_per_second = 1000.0 / (compute_ms + read_ms);
+    }
+    return row;
+}
+
+static void print_table_header(bool with_speed) {
+    printf("%-10s %8s %8s %8s %10s %10s %10s %9s %9s", "policy", "budget", "GiB", "hit %", "misses",
+           "MB/token", "evictions", "gap pts", "closed %");
+    if (with_speed) printf(" %9s", "tok/s");
+    printf("\n");
+}
+
+static void print_table_row(const struct sim_row *row) {
+    printf("%-10s %7.2f%% %8.2f %8.2f %10llu %10.1f %10llu %9.2f", row->name, row->budget->percent,
+           (double)row->budget->bytes / GIB, row->hit_percent, (unsigned long long)row->stats->misses,
+           row->megabytes_per_token, (unsigned long long)row->stats->evictions, row->gap_points);
+    if (isnan(row->gap_closed_percent)) {
+        printf(" %9s", "n/a");
+    } else {
+        printf(" %9.1f", row->gap_closed_percent);
+    }
+    if (!isnan(row->tokens_per_second)) printf(" %9.2f", row->tokens_per_second);
+    printf("\n");
+}
+
+static void print_csv_header(FILE *csv, bool with_speed) {
+    fprintf(csv, "policy,budget_percent,budget_bytes,budget_gib,hit_percent,hits,accesses,misses,"
+                 "mb_read_per_token,evictions,gap_points,gap_closed_percent%s\n",
+            with_speed ? ",tokens_per_second" : "");
+}
+
+static void print_csv_row(FILE *csv, const struct sim_row *row) {
+    fprintf(csv, "%s,%.4f,%llu,%.4f,%.4f,%llu,%llu,%llu,%.4f,%llu,%.4f,", row->name, row->budget->percent,
+            (unsigned long long)row->budget->bytes, (double)row->budget->bytes / GIB, row->hit_percent,
+            (unsigned long long)row->stats->hits, (unsigned long long)row->stats->accesses,
+            (unsigned long long)row->stats->misses, row->megabytes_per_token,
+            (unsigned long long)row->stats->evictions, row->gap_points);
+    if (isnan(row->gap_closed_percent)) {
+        fprintf(csv, "n/a");
+    } else {
+        fprintf(csv, "%.4f", row->gap_closed_percent);
+    }
+    if (!isnan(row->tokens_per_second)) fprintf(csv, ",%.4f", row->tokens_per_second);
+    fprintf(csv, "\n");
+}
+
+/* The gnuplot executable on PATH, or false when there is none. */
+static bool find_gnuplot(char *out, size_t size) {
+    const char *path = getenv("PATH");
+    while (path && *path) {
+        size_t length = strcspn(path, ":");
+        if (length > 0 && (size_t)snprintf(out, size, "%.*s/gnuplot", (int)length, path) < size &&
+            access(out, X_OK) == 0) {
+            return true;
+        }
+        path += length + (path[length] == ':');
+    }
+    return false;
+}
+
+/* A gnuplot single-quoted string: a quote inside is written twice. */
+static void write_gnuplot_string(FILE *script, const char *text) {
+    fputc('\'', script);
+    for (const char *c = text; *c; c++) {
+        if (*c == '\'') fputc('\'', script);
+        fputc(*c, script);
+    }
+    fputc('\'', script);
+}
+
+struct sim_curve {
+    const char *name;
+    const struct sim_job *const *points; /* one job per budget, in budget order */
+};
+
+/* Miss ratio against budget, one line per curve, by feeding a script to gnuplot's stdin. */
+static int draw_plot(const char *png, const char *title, const struct sim_budget *budgets, size_t n_budgets,
+                     const struct sim_curve *curves, size_t n_curves) {
+    char gnuplot[4096];
+    if (!find_gnuplot(gnuplot, sizeof(gnuplot))) {
+        fprintf(stderr, PROG ": gnuplot is not installed (not found on PATH): skipping the plot %s\n", png);
+        return 0;
+    }
+    /* budgets in increasing order, so every line runs left to right */
+    size_t order[256];
+    size_t n_points = n_budgets < COUNT_OF(order) ? n_budgets : COUNT_OF(order);
+    for (size_t i = 0; i < n_points; i++) {
+        size_t j = i;
+        for (; j > 0 && budgets[order[j - 1]].percent > budgets[i].percent; j--) {
+            order[j] = order[j - 1];
+        }
+        order[j] = i;
+    }
+    int pipe_fds[2];
+    if (pipe(pipe_fds) != 0) {
+        fprintf(stderr, PROG ": cannot start gnuplot: %s\n", strerror(errno));
+        return -errno;
+    }
+    pid_t child = fork();
+    if (child < 0) {
+        int err = errno;
+        close(pipe_fds[0]);
+        close(pipe_fds[1]);
+        fprintf(stderr, PROG ": cannot start gnuplot: %s\n", strerror(err));
+        return -err;
+    }
+    if (child == 0) {
+        dup2(pipe_fds[0], STDIN_FILENO);
+        close(pipe_fds[0]);
+        close(pipe_fds[1]);
+        execl(gnuplot, "gnuplot", (char *)NULL);
+        fprintf(stderr, PROG ": cannot run %s: %s\n", gnuplot, strerror(errno));
+        _exit(127);
+    }
+    close(pipe_fds[0]);
+    FILE *script = fdopen(pipe_fds[1], "w");
+    if (!script) {
+        close(pipe_fds[1]);
+    } else {
+        /* pngcairo draws smoother lines; plain png (libgd) is the fallback some builds have */
+        fprintf(script, "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+                        "    set terminal pngcairo size 960,600 noenhanced\n"
+                        "} else {\n"
+                        "    set terminal png size 960,600 noenhanced\n"
+                        "}\n");
+        fprintf(script, "set output ");
+        write_gnuplot_string(script, png);
+        fprintf(script, "\nset title ");
+        write_gnuplot_string(script, title);
+        fprintf(script, "\nset xlabel 'RAM budget (%% of expert bytes)'\n"
+                        "set ylabel 'miss ratio (1 - hit rate)'\n"
+                        "set yrange [0:*]\nset xrange [0:*]\nset grid\nset key top right\n");
+        for (size_t c = 0; c < n_curves; c++) {
+            fprintf(script, "$curve%zu << EOD\n", c);
+            for (size_t i = 0; i < n_points; i++) {
+                const struct guanaco_replay_stats *stats = &curves[c].points[order[i]]->stats;
+                double miss = stats->accesses ? (double)stats->misses / (double)stats->accesses : 0.0;
+                fprintf(script, "%.6f %.6f\n", budgets[order[i]].percent, miss);
+            }
+            fprintf(script, "EOD\n");
+        }
+        fprintf(script, "plot ");
+        for (size_t c = 0; c < n_curves; c++) {
+            /* fixed, distinct colours: gnuplot's default cycle puts a pale yellow fourth */
+            static const char *const colours[] = {"#000000", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"};
+            fprintf(script, "%s$curve%zu using 1:2 with linespoints lw 2 pt 7 lc rgb '%s' %stitle ", c ? ", " : "",
+                    c, colours[c % COUNT_OF(colours)], c == 0 ? "dashtype 2 " : "");
+            write_gnuplot_string(script, curves[c].name);
+        }
+        fprintf(script, "\nset output\n");
+        fclose(script); /* a write error shows as gnuplot's failure below */
+    }
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    struct stat st;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || stat(png, &st) != 0 || st.st_size == 0) {
+        fprintf(stderr, PROG ": gnuplot failed to draw %s (exit status %d)\n", png,
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return -EIO;
+    }
+    return 0;
+}
+
+/* ---- command line ---- */
+
+struct sim_options {
+    const char **traces;
+    size_t n_traces;
+    const char **models;
+    size_t n_models;
+    const char *shape, *quant, *budgets, *policies, *csv, *plot;
+    uint32_t per_layer_cap;
+    double disk_gbps, compute_ms;
+    bool have_disk_gbps, have_compute_ms;
+    unsigned long threads;
+};
+
+static int parse_positive(const char *flag, const char *text, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double value = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(value) || value <= 0) {
+        fprintf(stderr, PROG ": %s needs a number greater than zero, not \"%s\"\n", flag, text);
+        return -EINVAL;
+    }
+    *out = value;
+    return 0;
+}
+
+static int parse_whole(const char *flag, const char *text, unsigned long max, unsigned long *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long value = strtoul(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || text[0] == '-' || value == 0 || value > max) {
+        fprintf(stderr, PROG ": %s needs a whole number from 1 to %lu, not \"%s\"\n", flag, max, text);
+        return -EINVAL;
+    }
+    *out = value;
+    return 0;
+}
+
+/* 0 on success, 2 for a usage error (after its message), -1 when --help was printed. */
+static int parse_options(int argc, char **argv, struct sim_options *options) {
+    options->traces = calloc((size_t)argc, sizeof(*options->traces));
+    options->models = calloc((size_t)argc, sizeof(*options->models));
+    if (!options->traces || !options->models) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return 2;
+    }
+    static const char *const with_value[] = {"--trace",   "--shape",   "--quant",         "--model",
+                                             "--budgets", "--policies", "--per-layer-cap", "--csv",
+                                             "--plot",    "--disk-gbps", "--compute-ms",   "--threads"};
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+            print_usage(stdout);
+            return -1;
+        }
+        bool known = false;
+        for (size_t f = 0; f < COUNT_OF(with_value); f++) {
+            known = known || strcmp(arg, with_value[f]) == 0;
+        }
+        if (!known) {
+            fprintf(stderr, PROG ": %s %s\n", arg[0] == '-' ? "unknown option" : "unexpected argument", arg);
+            print_usage(stderr);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, PROG ": %s needs a value\n", arg);
+            return 2;
+        }
+        const char *value = argv[++i];
+        unsigned long whole = 0;
+        if (strcmp(arg, "--trace") == 0) {
+            options->traces[options->n_traces++] = value;
+        } else if (strcmp(arg, "--model") == 0) {
+            options->models[options->n_models++] = value;
+        } else if (strcmp(arg, "--shape") == 0) {
+            options->shape = value;
+        } else if (strcmp(arg, "--quant") == 0) {
+            options->quant = value;
+        } else if (strcmp(arg, "--budgets") == 0) {
+            options->budgets = value;
+        } else if (strcmp(arg, "--policies") == 0) {
+            options->policies = value;
+        } else if (strcmp(arg, "--csv") == 0) {
+            options->csv = value;
+        } else if (strcmp(arg, "--plot") == 0) {
+            options->plot = value;
+        } else if (strcmp(arg, "--per-layer-cap") == 0) {
+            if (parse_whole(arg, value, GUANACO_TRACE_MAX_EXPERTS, &whole) != 0) return 2;
+            options->per_layer_cap = (uint32_t)whole;
+        } else if (strcmp(arg, "--threads") == 0) {
+            if (parse_whole(arg, value, 64, &whole) != 0) return 2;
+            options->threads = whole;
+        } else if (strcmp(arg, "--disk-gbps") == 0) {
+            if (parse_positive(arg, value, &options->disk_gbps) != 0) return 2;
+            options->have_disk_gbps = true;
+        } else if (strcmp(arg, "--compute-ms") == 0) {
+            char *end = NULL;
+            errno = 0;
+            options->compute_ms = strtod(value, &end);
+            if (errno != 0 || end == value || *end != '\0' || !isfinite(options->compute_ms) ||
+                options->compute_ms < 0) {
+                fprintf(stderr, PROG ": --compute-ms needs a number of milliseconds, 0 or more, not \"%s\"\n",
+                        value);
+                return 2;
+            }
+            options->have_compute_ms = true;
+        }
+    }
+    if (options->n_traces == 0) {
+        fprintf(stderr, PROG ": no --trace given\n");
+        print_usage(stderr);
+        return 2;
+    }
+    if ((options->shape != NULL) == (options->n_models > 0)) {
+        fprintf(stderr, PROG ": give exactly one of --shape NAME or --model MODEL.gguf for the expert sizes\n");
+        return 2;
+    }
+    if (options->quant && !options->shape) {
+        fprintf(stderr, PROG ": --quant applies to --shape only; --model reads the sizes from the GGUF\n");
+        return 2;
+    }
+    if (options->have_disk_gbps != options->have_compute_ms) {
+        fprintf(stderr, PROG ": --disk-gbps and --compute-ms go together: predicted tokens/s needs both\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* Splits a comma-separated list in place; every item must be non-empty. */
+static int split_list(char *text, const char *flag, char **items, size_t capacity, size_t *n_items) {
+    *n_items = 0;
+    char *save = NULL;
+    size_t length = strlen(text);
+    if (length == 0 || text[0] == ',' || text[length - 1] == ',' || strstr(text, ",,")) {
+        fprintf(stderr, PROG ": %s has an empty item: \"%s\"\n", flag, text);
+        return -EINVAL;
+    }
+    for (char *item = strtok_r(text, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        if (*n_items == capacity) {
+            fprintf(stderr, PROG ": %s lists more than %zu items\n", flag, capacity);
+            return -EINVAL;
+        }
+        items[(*n_items)++] = item;
+    }
+    return 0;
+}
+
+static double seconds_since(const struct timespec *start) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - start->tv_sec) + (double)(now.tv_nsec - start->tv_nsec) * 1e-9;
+}
+
+#define MAX_BUDGETS 256
+#define N_KINDS 4
+
+int main(int argc, char **argv) {
+    struct sim_options options = {0};
+    int status = parse_options(argc, argv, &options);
+    if (status != 0) {
+        free(options.traces);
+        free(options.models);
+        return status < 0 ? 0 : status;
+    }
+    status = 1;
+    struct sim_geometry geometry = {0};
+    struct sim_requests requests = {0};
+    struct sim_budget *budgets = calloc(MAX_BUDGETS, sizeof(*budgets));
+    char *budget_text = strdup(options.budgets ? options.budgets : DEFAULT_BUDGETS);
+    char *policy_text = strdup(options.policies ? options.policies : "all");
+    struct sim_job *jobs = NULL;
+    const struct sim_job **points = NULL;
+    FILE *csv = NULL;
+    if (!budgets || !budget_text || !policy_text) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto done;
+    }
+
+    int err = options.shape ? geometry_from_shape(options.shape, options.quant ? options.quant : "Q4_0", &geometry)
+                            : geometry_from_model(options.models, options.n_models, &geometry);
+    if (err != 0) {
+        status = err == -EINVAL && options.shape ? 2 : 1;
+        goto done;
+    }
+
+    /* budgets and policies are checked before the (possibly long) trace loading */
+    char *items[MAX_BUDGETS];
+    size_t n_budgets = 0;
+    if (split_list(budget_text, "--budgets", items, MAX_BUDGETS, &n_budgets) != 0) {
+        status = 2;
+        goto done;
+    }
+    for (size_t b = 0; b < n_budgets; b++) {
+        if (parse_budget(items[b], &geometry, &budgets[b]) != 0) {
+            status = 2;
+            goto done;
+        }
+    }
+    enum guanaco_policy_kind kinds[N_KINDS];
+    size_t n_kinds = 0, n_policy_items = 0;
+    if (split_list(policy_text, "--policies", items, MAX_BUDGETS, &n_policy_items) != 0) {
+        status = 2;
+        goto done;
+    }
+    for (size_t p = 0; p < n_policy_items; p++) {
+        enum guanaco_policy_kind kind = GUANACO_POLICY_LRU;
+        bool all = strcmp(items[p], "all") == 0;
+        if (!all && guanaco_policy_kind_from_name(items[p], &kind) != 0) {
+            fprintf(stderr, PROG ": unknown policy \"%s\" in --policies: expected %s or all%s\n", items[p],
+                    guanaco_policy_kind_names(),
+                    strcmp(items[p], "belady") == 0 ? " (belady is always replayed)" : "");
+            status = 2;
+            goto done;
+        }
+        for (int k = 0; k < N_KINDS; k++) {
+            if (!all && k != (int)kind) continue;
+            bool listed = false;
+            for (size_t i = 0; i < n_kinds; i++) listed = listed || kinds[i] == (enum guanaco_policy_kind)k;
+            if (!listed) kinds[n_kinds++] = (enum guanaco_policy_kind)k;
+        }
+    }
+
+    /* an unwritable CSV is found before the (possibly long) loading and replays */
+    if (options.csv) {
+        csv = fopen(options.csv, "w");
+        if (!csv) {
+            fprintf(stderr, PROG ": cannot write %s: %s\n", options.csv, strerror(errno));
+            goto done;
+        }
+    }
+
+    /* load each trace, check it against the model, append its requests, and let it go */
+    requests.start = calloc(1, sizeof(*requests.start));
+    if (!requests.start) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto done;
+    }
+    struct timespec clock_start;
+    clock_gettime(CLOCK_MONOTONIC, &clock_start);
+    char sources[512] = "";
+    for (size_t t = 0; t < options.n_traces; t++) {
+        struct guanaco_trace trace;
+        err = guanaco_trace_load(options.traces[t], &trace);
+        if (err != 0) {
+            fprintf(stderr, PROG ": cannot replay %s: %s\n", options.traces[t], strerror(-err));
+            goto done;
+        }
+        if (guanaco_trace_shape_check(&trace.shape, geometry.n_layer, geometry.n_expert, geometry.top_k) != 0) {
+            fprintf(stderr,
+                    PROG ": %s was recorded on %u layers x %u experts, top-%u; %s has %u layers x %u experts, "
+                         "top-%u: refusing to replay it\n",
+                    options.traces[t], trace.shape.n_layer, trace.shape.n_expert, trace.shape.top_k,
+                    geometry.description, geometry.n_layer, geometry.n_expert, geometry.top_k);
+            guanaco_trace_free(&trace);
+            goto done;
+        }
+        size_t used = strlen(sources);
+        snprintf(sources + used, sizeof(sources) - used, "%s%s", t ? " + " : "",
+                 trace.shape.source[0] ? trace.shape.source : options.traces[t]);
+        err = append_trace(&requests, &trace, options.traces[t], &geometry);
+        guanaco_trace_free(&trace);
+        if (err != 0) {
+            goto done;
+        }
+    }
+    if (requests.n_requests == 0) {
+        fprintf(stderr, PROG ": the traces hold no routing decisions: nothing to replay\n");
+        goto done;
+    }
+    struct guanaco_request_trace replay = {
+        .n_layer = geometry.n_layer,
+        .n_expert = geometry.n_expert,
+        .expert_bytes = geometry.expert_bytes,
+        .n_requests = requests.n_requests,
+        .request_token = requests.token,
+        .request_layer = requests.layer,
+        .request_start = requests.start,
+        .experts = requests.experts,
+    };
+    double load_seconds = seconds_since(&clock_start);
+    uint64_t compulsory = count_compulsory(&replay);
+    printf("traces       %zu (%s): %llu sequences, %llu tokens, %zu records, %zu expert accesses\n",
+           options.n_traces, sources, (unsigned long long)requests.n_sequences,
+           (unsigned long long)requests.n_tokens, requests.n_records, requests.start[requests.n_requests]);
+    printf("model        %s: %u MoE layers of %u, %u experts each, top-%u; %.2f GiB of experts\n",
+           geometry.description, geometry.n_moe_layers, geometry.n_layer, geometry.n_expert, geometry.top_k,
+           (double)geometry.total_expert_bytes / GIB);
+    printf("compulsory   %llu misses (distinct (layer, expert) pairs touched)\n", (unsigned long long)compulsory);
+
+    /* LRU is the baseline of "gap closed", so it runs even when it is not shown */
+    bool lru_listed = false;
+    for (size_t i = 0; i < n_kinds; i++) lru_listed = lru_listed || kinds[i] == GUANACO_POLICY_LRU;
+    size_t per_budget = n_kinds + 1 + !lru_listed; /* belady, the listed kinds, maybe lru */
+    size_t n_jobs = per_budget * n_budgets;
+    jobs = calloc(n_jobs, sizeof(*jobs));
+    points = calloc(per_budget * n_budgets, sizeof(*points));
+    if (!jobs || !points) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto done;
+    }
+    for (size_t b = 0; b < n_budgets; b++) {
+        struct sim_job *row = &jobs[b * per_budget];
+        row[0].kind = SIM_BELADY;
+        for (size_t i = 0; i < n_kinds; i++) row[1 + i].kind = (int)kinds[i];
+        if (!lru_listed) row[1 + n_kinds].kind = GUANACO_POLICY_LRU;
+        for (size_t j = 0; j < per_budget; j++) row[j].budget = b;
+    }
+    struct sim_pool pool = {&replay, budgets, options.per_layer_cap, jobs, n_jobs, 0, PTHREAD_MUTEX_INITIALIZER};
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    clock_gettime(CLOCK_MONOTONIC, &clock_start);
+    run_jobs(&pool, options.threads ? options.threads : (size_t)(cpus > 0 ? cpus : 1));
+    double replay_seconds = seconds_since(&clock_start);
+    for (size_t j = 0; j < n_jobs; j++) {
+        if (jobs[j].err != 0) {
+            fprintf(stderr, PROG ": replaying %s at budget %s failed: %s\n",
+                    jobs[j].kind == SIM_BELADY ? "belady" : guanaco_policy_kind_name(jobs[j].kind),
+                    budgets[jobs[j].budget].text, strerror(-jobs[j].err));
+            goto done;
+        }
+    }
+
+    bool with_speed = options.have_disk_gbps;
+    if (csv) print_csv_header(csv, with_speed);
+    printf("\n");
+    print_table_header(with_speed);
+    bool all_exact = true;
+    for (size_t b = 0; b < n_budgets; b++) {
+        const struct sim_job *row = &jobs[b * per_budget];
+        const struct sim_job *lru = &row[1 + n_kinds];
+        for (size_t i = 0; i < n_kinds; i++) {
+            if (kinds[i] == GUANACO_POLICY_LRU) lru = &row[1 + i];
+        }
+        all_exact = all_exact && row[0].exact;
+        for (size_t j = 0; j < 1 + n_kinds; j++) {
+            const char *name = j == 0 ? "belady" : guanaco_policy_kind_name(kinds[j - 1]);
+            struct sim_row line = make_row(name, &budgets[b], &row[j], &row[0], lru, requests.n_tokens,
+                                           options.disk_gbps, options.compute_ms);
+            print_table_row(&line);
+            if (csv) print_csv_row(csv, &line);
+            points[j * n_budgets + b] = &row[j];
+        }
+    }
+    printf("\nhit %% = accesses served from RAM; gap pts = belady's hit %% minus the policy's; closed %% = the "
+           "share of the lru-to-belady gap the policy closes (n/a when lru is already optimal)\n");
+    if (with_speed) {
+        printf("tok/s = 1000 / (%.3g ms compute + MB/token read at %.3g GB/s)\n", options.compute_ms,
+               options.disk_gbps);
+    }
+    if (!all_exact) {
+        printf("note: expert sizes differ between layers, so belady (farthest next use) is a strong heuristic "
+               "there, not a bound\n");
+    }
+    if (options.per_layer_cap) {
+        printf("note: the policies hold at most %u experts per layer; belady is not capped\n",
+               options.per_layer_cap);
+    }
+    printf("loaded in %.2f s; %zu replays in %.2f s\n", load_seconds, n_jobs, replay_seconds);
+    if (csv) {
+        int failed = ferror(csv);
+        failed |= fclose(csv);
+        csv = NULL;
+        if (failed) {
+            fprintf(stderr, PROG ": writing %s failed\n", options.csv);
+            goto done;
+        }
+    }
+    if (options.plot) {
+        struct sim_curve curves[1 + N_KINDS];
+        for (size_t j = 0; j < 1 + n_kinds; j++) {
+            curves[j].name = j == 0 ? "belady (optimal)" : guanaco_policy_kind_name(kinds[j - 1]);
+            curves[j].points = &points[j * n_budgets];
+        }
+        char title[700];
+        snprintf(title, sizeof(title), "%s on %s", sources, geometry.description);
+        signal(SIGPIPE, SIG_IGN); /* a gnuplot that dies early must fail the write, not kill us */
+        fflush(stdout);
+        if (draw_plot(options.plot, title, budgets, n_budgets, curves, 1 + n_kinds) != 0) {
+            goto done;
+        }
+    }
+    status = 0;
+done:
+    if (csv) fclose(csv);
+    free(jobs);
+    free(points);
+    requests_free(&requests);
+    free(geometry.expert_bytes);
+    free(budgets);
+    free(budget_text);
+    free(policy_text);
+    free(options.traces);
+    free(options.models);
+    return status;
+}
