@@ -11,6 +11,8 @@
 #include "ggml-backend.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,6 +168,157 @@ static int advise_expert_pages(const struct guanaco_engine *engine, void *data, 
     return 0;
 }
 
+/* The memory limit this process lives under: its cgroup v1 or v2 limit, or 0 when there is none. */
+static uint64_t cgroup_memory_limit(void) {
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) {
+        return 0;
+    }
+    char line[4096], path[4200] = "";
+    bool v1 = false;
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *controllers = strchr(line, ':');
+        char *group = controllers ? strchr(controllers + 1, ':') : NULL;
+        if (!group) {
+            continue;
+        }
+        *group++ = '\0';
+        if (strcmp(controllers + 1, "memory") == 0) {
+            snprintf(path, sizeof(path), "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", group);
+            v1 = true;
+        } else if (!v1 && controllers[1] == '\0') {
+            snprintf(path, sizeof(path), "/sys/fs/cgroup%s/memory.max", group);
+        }
+    }
+    fclose(f);
+    uint64_t limit = 0;
+    f = path[0] ? fopen(path, "r") : NULL;
+    if (f) {
+        if (fscanf(f, "%" SCNu64, &limit) != 1 || limit >= (1ull << 60)) {
+            limit = 0; /* "max" or the v1 "unlimited" sentinel */
+        }
+        fclose(f);
+    }
+    return limit;
+}
+
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    uint64_t kib = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1) {
+            break;
+        }
+    }
+    if (f) {
+        fclose(f);
+    }
+    return kib * 1024;
+}
+
+/* --guanaco-ram auto: what the machine or cgroup leaves once the rest of the model is resident. */
+static uint64_t automatic_budget(const struct guanaco_manifest *m) {
+    uint64_t limit = cgroup_memory_limit();
+    uint64_t available = mem_available();
+    uint64_t memory = limit && (limit < available || !available) ? limit : available;
+    uint64_t non_expert = m->total_bytes - m->expert_bytes;
+    /* KV cache and compute buffers are not known yet at load: keep 1 GiB plus 10% for them. */
+    uint64_t margin = (1ull << 30) + memory / 10;
+    uint64_t budget = memory > non_expert + margin ? memory - non_expert - margin : 0;
+    uint64_t floor = m->expert_bytes / (uint64_t)m->n_moe_layers / 4; /* a quarter layer, or nothing runs */
+    if (budget < floor) {
+        budget = floor;
+    }
+    guanaco_log_info("budget auto: %s %.2f GiB - non-expert weights %.2f GiB - margin %.2f GiB (1 GiB + 10%%) = %.2f GiB",
+                     limit && memory == limit ? "cgroup limit" : "MemAvailable", gib(memory), gib(non_expert), gib(margin),
+                     gib(budget));
+    return budget;
+}
+
+static int start_residency(struct guanaco_engine *engine, char *const *mapping_base) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    const struct guanaco_options *o = &engine->options;
+    engine->shard_fds = malloc((size_t)m->n_shards * sizeof(int));
+    engine->residency_tensors = calloc((size_t)m->n_layer, sizeof(*engine->residency_tensors));
+    engine->residency_tensors_in_layer = calloc((size_t)m->n_layer, sizeof(uint32_t));
+    if (!engine->shard_fds || !engine->residency_tensors || !engine->residency_tensors_in_layer) {
+        return -ENOMEM;
+    }
+    for (int s = 0; s < m->n_shards; s++) {
+        engine->shard_fds[s] = -1;
+    }
+    for (int s = 0; s < m->n_shards; s++) {
+        engine->shard_fds[s] = open(m->shard_paths[s], O_RDONLY | O_CLOEXEC);
+        if (engine->shard_fds[s] < 0) {
+            int err = -errno;
+            guanaco_log_error("%s: %s", m->shard_paths[s], strerror(-err));
+            return err;
+        }
+    }
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        engine->residency_tensors_in_layer[m->tensors[i].layer]++;
+    }
+    for (int layer = 0; layer < m->n_layer; layer++) {
+        uint32_t n = engine->residency_tensors_in_layer[layer];
+        engine->residency_tensors[layer] = calloc(n ? n : 1, sizeof(**engine->residency_tensors));
+        if (!engine->residency_tensors[layer]) {
+            return -ENOMEM;
+        }
+        engine->residency_tensors_in_layer[layer] = 0;
+    }
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const struct guanaco_expert_tensor *e = &m->tensors[i];
+        if (!mapping_base[e->shard]) {
+            guanaco_log_error("expert tensor %s was not mapped by the loader", e->name);
+            return -EINVAL;
+        }
+        struct guanaco_residency_tensor *r =
+            &engine->residency_tensors[e->layer][engine->residency_tensors_in_layer[e->layer]++];
+        r->fd = engine->shard_fds[e->shard];
+        r->file_offset = e->file_offset;
+        r->expert_stride = e->expert_stride;
+        r->mapped = mapping_base[e->shard] + e->file_offset;
+        r->file_size = m->shard_sizes[e->shard];
+    }
+    /* Both knobs may be set and the tighter wins; a budget not given is derived. */
+    uint64_t budget = o->ram_bytes ? o->ram_bytes : automatic_budget(m);
+    struct guanaco_residency_config config = {
+        .n_layer = (uint32_t)m->n_layer,
+        .n_expert = (uint32_t)m->n_expert,
+        .tensors_of_layer = (const struct guanaco_residency_tensor *const *)engine->residency_tensors,
+        .tensors_in_layer = engine->residency_tensors_in_layer,
+        .budget_bytes = budget,
+        .max_experts_per_layer = o->max_experts,
+        .policy = (enum guanaco_policy_kind)o->policy,
+        .io_backend = (enum guanaco_io_backend)o->io,
+        .queue_depth = 16,
+    };
+    int err = guanaco_residency_create(&config, &engine->residency);
+    if (err == -ENOSYS && config.io_backend == GUANACO_IO_URING) {
+        guanaco_log_info("io_uring is not available here: using the pread thread pool");
+        config.io_backend = GUANACO_IO_THREADS;
+        err = guanaco_residency_create(&config, &engine->residency);
+    }
+    if (err < 0) {
+        return err;
+    }
+    guanaco_log_info("residency: budget %.2f GiB of %.2f GiB expert weights (%.0f%%), max %u experts per layer, "
+                     "policy %s, io %s",
+                     gib(budget), gib(m->expert_bytes), 100.0 * (double)budget / (double)m->expert_bytes,
+                     o->max_experts, guanaco_policy_kind_name(config.policy), guanaco_io_backend_name(config.io_backend));
+    return 0;
+}
+
+int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const int32_t *ids, size_t n_ids,
+                                 uint64_t token) {
+    if (!engine->residency) {
+        return 0;
+    }
+    return guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, n_ids, token);
+}
+
 int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup lookup, void *user) {
     if (!engine || engine->dry_run) {
         return 0; /* the memory-fit pass maps nothing */
@@ -206,6 +359,9 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
         }
         attached++;
         attached_bytes += e->nbytes;
+    }
+    if (err == 0 && engine->options.residency) {
+        err = start_residency(engine, mapping_base);
     }
     free(mapping_base);
     if (err == 0 && !engine->dry_run) {
@@ -317,6 +473,33 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
                          (unsigned long long)atomic_load(&engine->replayed_rows),
                          (unsigned long long)atomic_load(&engine->replay_wraps));
     }
+    if (engine->residency) {
+        struct guanaco_residency_stats st;
+        guanaco_residency_get_stats(engine->residency, &st);
+        guanaco_log_info("residency: %.1f%% of %llu expert accesses resident, %llu expert loads, %.2f GiB read "
+                         "(%.2f GB/s while stalled), %llu evictions, stall %.1f ms per token, peak %.2f GiB resident",
+                         st.accesses ? 100.0 * (double)st.hits / (double)st.accesses : 0.0,
+                         (unsigned long long)st.accesses, (unsigned long long)st.expert_loads, gib(st.bytes_read),
+                         st.stall_ns ? (double)st.bytes_read / (double)st.stall_ns : 0.0,
+                         (unsigned long long)st.evictions,
+                         atomic_load(&engine->routed_tokens) && engine->manifest.n_moe_layers
+                             ? (double)st.stall_ns / 1e6 /
+                                   ((double)atomic_load(&engine->routed_tokens) / engine->manifest.n_moe_layers)
+                             : 0.0,
+                         gib(st.peak_resident_bytes));
+        guanaco_residency_destroy(engine->residency);
+    }
+    for (int s = 0; engine->shard_fds && s < engine->manifest.n_shards; s++) {
+        if (engine->shard_fds[s] >= 0) {
+            close(engine->shard_fds[s]);
+        }
+    }
+    free(engine->shard_fds);
+    for (int layer = 0; engine->residency_tensors && layer < engine->manifest.n_layer; layer++) {
+        free(engine->residency_tensors[layer]);
+    }
+    free(engine->residency_tensors);
+    free(engine->residency_tensors_in_layer);
     if (engine->trace_writer) {
         int err = guanaco_trace_writer_close(engine->trace_writer);
         if (err < 0 && atomic_load(&engine->trace_error) == 0) {

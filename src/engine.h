@@ -7,6 +7,7 @@
 
 #include "guanaco.h"
 #include "manifest.h"
+#include "residency.h"
 #include "trace.h"
 
 #include <stdatomic.h>
@@ -29,6 +30,10 @@ struct guanaco_engine {
     _Atomic uint64_t replayed_rows;
     _Atomic uint64_t replay_wraps;  /* times a layer's recorded routing ran out and started over */
     _Atomic int trace_error;        /* first trace write error; reported at close */
+    struct guanaco_residency *residency;       /* --guanaco-ram / --guanaco-max-experts, or NULL */
+    int *shard_fds;                            /* residency reads: one O_RDONLY fd per shard */
+    struct guanaco_residency_tensor **residency_tensors; /* per layer, for the residency config */
+    uint32_t *residency_tensors_in_layer;
 };
 
 /* Record one router decision of context `sequence` to --guanaco-trace-out, if on. */
@@ -38,6 +43,11 @@ void guanaco_engine_record_routing(struct guanaco_engine *engine, uint32_t seque
 /* The replay's expert ids for the `row`-th routing of `layer` in one context
  * (wrapping around when the recording is shorter), or NULL when not replaying. */
 const int32_t *guanaco_engine_replay_ids(struct guanaco_engine *engine, int layer, uint64_t row);
+
+/* Make every expert in `ids` of `layer` resident before the layer computes (no-op without a budget).
+ * On failure it has printed why; the caller must not let the layer compute. */
+int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const int32_t *ids, size_t n_ids,
+                                 uint64_t token);
 
 /* Count one router decision: `n_tokens` rows of `k` expert ids for `layer`. */
 void guanaco_engine_count_routing(struct guanaco_engine *engine, int layer, const int32_t *ids, int k,

@@ -16,8 +16,10 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define ROUTER_NODE_PREFIX "ffn_moe_topk-"
 
@@ -133,6 +135,14 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
         if (read_router_ids(hook, t, &k, &n_tokens) == 0) {
             if (hook->engine->replay.n_records && k == hook->engine->manifest.n_expert_used) {
                 overwrite_router_ids(hook, t, layer, k, n_tokens);
+            }
+            if (guanaco_engine_prepare_layer(hook->engine, layer, hook->ids, (size_t)k * (size_t)n_tokens,
+                                             hook->rows_seen[layer]) < 0) {
+                /* The experts of this layer are not all readable: computing would use bytes we could not
+                 * read (or fault on them), so stop here with the error already printed. */
+                guanaco_log_error("stopping: layer %d cannot be computed without its experts", layer);
+                fflush(stderr);
+                _exit(EXIT_FAILURE);
             }
             guanaco_engine_count_routing(hook->engine, layer, hook->ids, k, n_tokens);
             guanaco_engine_record_routing(hook->engine, hook->context_id, (uint32_t)hook->rows_seen[layer], layer,

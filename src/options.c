@@ -18,7 +18,7 @@
 #include <string.h>
 #include <strings.h>
 
-enum option_kind { OPTION_BOOL, OPTION_CHOICE, OPTION_PATH };
+enum option_kind { OPTION_BOOL, OPTION_CHOICE, OPTION_PATH, OPTION_SIZE, OPTION_NUMBER };
 
 struct option_spec {
     const char *flag;          /* without the leading "--" */
@@ -29,8 +29,18 @@ struct option_spec {
 };
 
 static const char *const readahead_choices[] = {"random", "normal", "sequential", NULL};
+/* Index = enum guanaco_policy_kind and enum guanaco_io_backend (src/policy.h, src/io.h). */
+static const char *const policy_choices[] = {"lru", "lfu", "layer-lru", "guanaco", NULL};
+static const char *const io_choices[] = {"uring", "threads", NULL};
 
-enum option_id { OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY, OPTION_COUNT };
+#define MAX_EXPERTS_LIMIT 65536
+#define RAM_MIN_BYTES (1ull << 20)
+#define RAM_MAX_BYTES (1ull << 50)
+
+enum option_id {
+    OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
+    OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_COUNT
+};
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_STREAMING] = {"guanaco-streaming", "GUANACO_STREAMING", OPTION_BOOL, NULL,
@@ -43,10 +53,19 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                           "record every routing decision to FILE (docs/TRACE.md)"},
     [OPTION_TRACE_REPLAY] = {"guanaco-trace-replay", "GUANACO_TRACE_REPLAY", OPTION_PATH, NULL,
                              "overwrite the router's choices with a recorded trace of the same model shape"},
+    [OPTION_RAM] = {"guanaco-ram", "GUANACO_RAM", OPTION_SIZE, NULL,
+                    "bytes of expert weights kept resident (e.g. 6G, 6144M, auto); turns the residency engine on"},
+    [OPTION_MAX_EXPERTS] = {"guanaco-max-experts", "GUANACO_MAX_EXPERTS", OPTION_NUMBER, NULL,
+                            "most resident experts per layer; turns the residency engine on"},
+    [OPTION_POLICY] = {"guanaco-policy", "GUANACO_POLICY", OPTION_CHOICE, policy_choices,
+                       "replacement policy of the residency engine (default: layer-lru, measured)"},
+    [OPTION_IO] = {"guanaco-io", "GUANACO_IO", OPTION_CHOICE, io_choices,
+                   "how expert reads are issued (default: uring, measured faster)"},
 };
 
 struct option_state {
     int value[OPTION_COUNT];
+    uint64_t number[OPTION_COUNT]; /* OPTION_SIZE (0 = auto) and OPTION_NUMBER */
     char path[OPTION_COUNT][GUANACO_PATH_BYTES];
     bool set_by_flag[OPTION_COUNT];
 };
@@ -59,6 +78,8 @@ static int default_value(enum option_id id) {
     case OPTION_STREAMING: return 0;
     case OPTION_READAHEAD: return GUANACO_READAHEAD_NORMAL; /* measured fastest: README "Readahead" */
     case OPTION_LOG: return 1;
+    case OPTION_POLICY: return 2; /* layer-lru: best or tied on the real Mixtral traces (guanaco-sim) */
+    case OPTION_IO: return 0;     /* uring */
     default: return 0;
     }
 }
@@ -66,6 +87,14 @@ static int default_value(enum option_id id) {
 static void describe_accepted(const struct option_spec *spec, char *buf, size_t size) {
     if (spec->kind == OPTION_PATH) {
         snprintf(buf, size, "a file path of at most %d bytes", GUANACO_PATH_BYTES - 1);
+        return;
+    }
+    if (spec->kind == OPTION_SIZE) {
+        snprintf(buf, size, "auto or a size from 1M to 1024T, e.g. 6G or 6144M");
+        return;
+    }
+    if (spec->kind == OPTION_NUMBER) {
+        snprintf(buf, size, "a whole number from 1 to %d", MAX_EXPERTS_LIMIT);
         return;
     }
     if (spec->kind == OPTION_BOOL) {
@@ -83,8 +112,50 @@ static void describe_accepted(const struct option_spec *spec, char *buf, size_t 
 }
 
 /* Returns 0 and the parsed value, or -EINVAL after naming `source` in a message. */
-static int parse_value(const struct option_spec *spec, const char *source, const char *text, int *value) {
-    if (spec->kind == OPTION_PATH) {
+/* "6G", "6144M", "512K", "1073741824": binary units, as llama.cpp's sizes. 0 on failure. */
+static uint64_t parse_size(const char *text) {
+    char *end = NULL;
+    errno = 0;
+    double amount = strtod(text, &end);
+    if (end == text || errno != 0 || amount <= 0) {
+        return 0;
+    }
+    double scale = 1;
+    switch (*end) {
+    case 'k': case 'K': scale = 1024.0; end++; break;
+    case 'm': case 'M': scale = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': scale = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': scale = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B') {
+        end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
+    }
+    double bytes = amount * scale;
+    if (*end != '\0' || bytes < (double)RAM_MIN_BYTES || bytes > (double)RAM_MAX_BYTES) {
+        return 0;
+    }
+    return (uint64_t)bytes;
+}
+
+static int parse_value(const struct option_spec *spec, const char *source, const char *text, int *value,
+                       uint64_t *number) {
+    if (spec->kind == OPTION_SIZE) {
+        *value = 1;
+        *number = strcmp(text, "auto") == 0 ? 0 : parse_size(text);
+        if (*number || strcmp(text, "auto") == 0) {
+            return 0;
+        }
+    } else if (spec->kind == OPTION_NUMBER) {
+        char *end = NULL;
+        errno = 0;
+        long long parsed = strtoll(text, &end, 10);
+        *value = 1;
+        *number = (uint64_t)parsed;
+        if (end != text && *end == '\0' && errno == 0 && parsed >= 1 && parsed <= MAX_EXPERTS_LIMIT) {
+            return 0;
+        }
+    } else if (spec->kind == OPTION_PATH) {
         *value = 1;
         if (text[0] != '\0' && strlen(text) < GUANACO_PATH_BYTES) {
             return 0;
@@ -108,7 +179,7 @@ static int parse_value(const struct option_spec *spec, const char *source, const
 }
 
 /* The environment's value for one option: LLAMA_ARG_GUANACO_X wins over GUANACO_X. */
-static int read_env(enum option_id id, int *value, char *path, bool *found) {
+static int read_env(enum option_id id, int *value, uint64_t *number, char *path, bool *found) {
     const struct option_spec *spec = &option_specs[id];
     char llama_name[96];
     snprintf(llama_name, sizeof(llama_name), "LLAMA_ARG_%s", spec->env);
@@ -118,7 +189,7 @@ static int read_env(enum option_id id, int *value, char *path, bool *found) {
         const char *text = getenv(names[i]);
         if (text && text[0]) {
             *found = true;
-            int err = parse_value(spec, names[i], text, value);
+            int err = parse_value(spec, names[i], text, value, number);
             if (err == 0 && spec->kind == OPTION_PATH) {
                 snprintf(path, GUANACO_PATH_BYTES, "%s", text);
             }
@@ -130,6 +201,7 @@ static int read_env(enum option_id id, int *value, char *path, bool *found) {
 
 int guanaco_options_get(struct guanaco_options *out) {
     int value[OPTION_COUNT];
+    uint64_t number[OPTION_COUNT] = {0};
     static char path[OPTION_COUNT][GUANACO_PATH_BYTES]; /* guarded by flag_mutex */
     int err = 0;
     pthread_mutex_lock(&flag_mutex);
@@ -138,10 +210,11 @@ int guanaco_options_get(struct guanaco_options *out) {
         if (flag_state.set_by_flag[id]) {
             value[id] = flag_state.value[id];
             memcpy(path[id], flag_state.path[id], GUANACO_PATH_BYTES);
+            number[id] = flag_state.number[id];
             continue;
         }
         bool found = false;
-        int rc = read_env((enum option_id)id, &value[id], path[id], &found);
+        int rc = read_env((enum option_id)id, &value[id], &number[id], path[id], &found);
         if (rc < 0) {
             err = rc;
         }
@@ -155,6 +228,11 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->streaming = value[OPTION_STREAMING] != 0;
     out->readahead = (enum guanaco_readahead)value[OPTION_READAHEAD];
     out->log = value[OPTION_LOG] != 0;
+    out->residency = value[OPTION_RAM] != 0 || value[OPTION_MAX_EXPERTS] != 0;
+    out->ram_bytes = value[OPTION_RAM] ? number[OPTION_RAM] : 0;
+    out->max_experts = value[OPTION_MAX_EXPERTS] ? (uint32_t)number[OPTION_MAX_EXPERTS] : 0;
+    out->policy = value[OPTION_POLICY];
+    out->io = value[OPTION_IO];
     guanaco_log_set_enabled(out->log);
     return err;
 }
@@ -170,6 +248,8 @@ static void print_help(void) {
             snprintf(usage, sizeof(usage), "--%s[=on|off]", spec->flag);
         } else if (spec->kind == OPTION_PATH) {
             snprintf(usage, sizeof(usage), "--%s FILE", spec->flag);
+        } else if (spec->kind == OPTION_SIZE || spec->kind == OPTION_NUMBER) {
+            snprintf(usage, sizeof(usage), "--%s %s", spec->flag, spec->kind == OPTION_SIZE ? "SIZE|auto" : "N");
         } else {
             snprintf(usage, sizeof(usage), "--%s {%s}", spec->flag, accepted + strlen("one of "));
         }
@@ -229,12 +309,14 @@ int guanaco_options_parse_argv(int *argc, char **argv) {
         char source[80];
         snprintf(source, sizeof(source), "--%s", spec->flag);
         int value;
-        if (parse_value(spec, source, value_text, &value) < 0) {
+        uint64_t number = 0;
+        if (parse_value(spec, source, value_text, &value, &number) < 0) {
             err = -EINVAL;
             continue;
         }
         pthread_mutex_lock(&flag_mutex);
         flag_state.value[id] = value;
+        flag_state.number[id] = number;
         if (spec->kind == OPTION_PATH) {
             snprintf(flag_state.path[id], GUANACO_PATH_BYTES, "%s", value_text);
         }

@@ -71,6 +71,33 @@ static void test_options(void) {
     char *bad3[] = {a0, b3, NULL};
     argc = 2;
     CHECK(guanaco_options_parse_argv(&argc, bad3) == -EINVAL);
+    /* Budgets: sizes with binary units or auto, counts with a range; absurd values are refused by name. */
+    char r1[] = "--guanaco-ram", r2[] = "6G", r3[] = "--guanaco-max-experts=16", r4[] = "--guanaco-policy",
+         r5[] = "layer-lru", r6[] = "--guanaco-io=threads";
+    char *budget[] = {a0, r1, r2, r3, r4, r5, r6, NULL};
+    argc = 7;
+    CHECK(guanaco_options_parse_argv(&argc, budget) == 0 && argc == 1);
+    CHECK(guanaco_options_get(&options) == 0 && options.residency && options.ram_bytes == 6ull << 30 &&
+          options.max_experts == 16 && options.policy == 2 && options.io == 1);
+    setenv("GUANACO_RAM", "6144M", 1);
+    CHECK(guanaco_options_get(&options) == 0 && options.ram_bytes == 6ull << 30); /* the flag still wins */
+    unsetenv("GUANACO_RAM");
+    char r7[] = "--guanaco-ram=auto";
+    char *automatic[] = {a0, r7, NULL};
+    argc = 2;
+    CHECK(guanaco_options_parse_argv(&argc, automatic) == 0);
+    CHECK(guanaco_options_get(&options) == 0 && options.residency && options.ram_bytes == 0);
+    const char *absurd[] = {"--guanaco-ram=-5G", "--guanaco-ram=12Q", "--guanaco-ram=100", "--guanaco-ram=5000T",
+                            "--guanaco-max-experts=0", "--guanaco-max-experts=1e3", "--guanaco-max-experts=99999",
+                            "--guanaco-policy=mru", "--guanaco-io=aio"};
+    for (size_t i = 0; i < sizeof(absurd) / sizeof(absurd[0]); i++) {
+        char flag[64];
+        snprintf(flag, sizeof(flag), "%s", absurd[i]);
+        char *bad[] = {a0, flag, NULL};
+        argc = 2;
+        CHECK(guanaco_options_parse_argv(&argc, bad) == -EINVAL);
+    }
+
     char b4[] = "--guanaco-streaming=off";
     char *off[] = {a0, b4, NULL};
     argc = 2;

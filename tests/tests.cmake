@@ -52,3 +52,7 @@ guanaco_script_test(sim_mixtral test_sim.sh)
 set_property(TEST sim_mixtral APPEND PROPERTY ENVIRONMENT
     "SIM=$<TARGET_FILE:guanaco-sim>" "TRACE_CONVERT=$<TARGET_FILE:guanaco-trace-convert>"
     "SHARED_DIR=${CMAKE_SOURCE_DIR}/../shared")
+# The residency module alone: budgeted expert pages over a synthetic mapped file, mincore audit, faults.
+add_test(NAME residency COMMAND test_residency)
+# The residency engine in a real decode: bit-identical under budgets, and the page cache really bounded.
+guanaco_script_test(residency_live test_residency_live.sh)

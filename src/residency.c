@@ -1,0 +1,721 @@
+/*
+ * residency.c - owns the residency engine behind residency.h: the per-call
+ * path (distinct ids, reads of what is missing, populate, policy access,
+ * eviction), the edge-page rule for dropping pages, the file-change guard and
+ * the audit.
+ *
+ * Order of one call, and why:
+ *   1. read the missing experts, then populate them;
+ *   2. tell the policy about the experts that are now really resident (the
+ *      hits and the loads that succeeded);
+ *   3. evict by policy.
+ * The policy has no way to forget an expert it was told about, so it is told
+ * only after the reads: an expert whose read failed never enters its
+ * accounting, and its pages are dropped again. The price is the transient
+ * overshoot of one layer's working set described in residency.h.
+ *
+ * `loaded` mirrors the policy's residency slot by slot (it is what the
+ * edge-page rule consults, and the policy only answers one slot at a time).
+ */
+#include "residency.h"
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14; older headers lack it */
+#endif
+
+/* Victims taken per guanaco_policy_evict call; more continue with another call. */
+#define VICTIM_CAPACITY 256
+/* mincore vector entries per call in the audit. */
+#define AUDIT_PAGES 4096
+/* A populate interrupted this many times in a row is reported, not retried forever. */
+#define POPULATE_RETRIES 100
+
+struct tensor {
+    int fd;
+    uint32_t shard;
+    uint64_t begin;  /* file offset of expert 0 */
+    uint64_t end;    /* one past the last expert's last byte */
+    uint64_t stride;
+    const char *mapped;
+};
+
+struct layer {
+    uint32_t first_tensor, n_tensors;
+    uint64_t expert_bytes; /* sum of the tensors' strides: one expert's bytes in this layer */
+};
+
+struct shard {
+    int fd;
+    off_t size;
+    struct timespec mtime;
+    char name[256];
+};
+
+struct guanaco_residency {
+    pthread_mutex_t lock;
+    uint32_t n_layer, n_expert;
+    uint64_t page;
+    unsigned queue_depth;
+
+    struct tensor *tensors;
+    uint32_t n_tensors;
+    struct layer *layers;
+    struct shard *shards;
+    uint32_t n_shards;
+
+    struct guanaco_policy *policy;
+    struct guanaco_io *io;
+    enum guanaco_io_backend io_backend;
+
+    uint8_t *loaded; /* n_layer * n_expert: resident in the accounting (mirrors the policy) */
+
+    /* per-call scratch, sized at create */
+    uint64_t call;
+    uint64_t *seen_call;      /* n_expert: the call that last saw the id, for distinct ids */
+    uint32_t *distinct;       /* n_expert */
+    uint32_t *missing;        /* n_expert */
+    int *missing_error;       /* n_expert: the first error of each missing expert, 0 when loaded */
+    uint32_t *accessed;       /* n_expert: handed to the policy */
+    uint32_t *policy_missing; /* n_expert: the policy's answer, unused beyond the call */
+    struct guanaco_io_request *requests;
+    uint32_t *request_missing; /* which missing expert (index into missing) each request belongs to */
+    size_t request_capacity;
+    char *scratch; /* queue_depth chunks: the reads' destination, content discarded */
+    uint32_t victim_layers[VICTIM_CAPACITY];
+    uint32_t victim_experts[VICTIM_CAPACITY];
+    unsigned char *audit_vector;
+
+    bool stale;             /* a shard changed on disk: every later call fails */
+    bool populate_by_touch; /* MADV_POPULATE_READ is missing: touch one byte per page instead */
+    struct guanaco_residency_stats stats;
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t page_down(const struct guanaco_residency *r, uint64_t x) {
+    return x - x % r->page;
+}
+
+static uint64_t page_up(const struct guanaco_residency *r, uint64_t x) {
+    return page_down(r, x + r->page - 1);
+}
+
+/* The mapped address of file offset `offset` of tensor t. */
+static const char *address_of(const struct tensor *t, uint64_t offset) {
+    return t->mapped + (offset - t->begin);
+}
+
+/* ---- create / destroy ---- */
+
+static int add_shard(struct guanaco_residency *r, int fd, uint32_t *index) {
+    for (uint32_t s = 0; s < r->n_shards; s++) {
+        if (r->shards[s].fd == fd) {
+            *index = s;
+            return 0;
+        }
+    }
+    struct shard *sh = &r->shards[r->n_shards];
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = -errno;
+        guanaco_log_error("residency: fd %d of an expert tensor: %s", fd, strerror(-err));
+        return err;
+    }
+    sh->fd = fd;
+    sh->size = st.st_size;
+    sh->mtime = st.st_mtim;
+    /* The name only serves messages; a missing /proc leaves the fd number. */
+    char link[64];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, sh->name, sizeof(sh->name) - 1);
+    if (n <= 0) {
+        n = snprintf(sh->name, sizeof(sh->name), "fd %d", fd);
+    }
+    sh->name[n] = '\0';
+    /* Our reads are exact: readahead would only pull non-resident experts into the page cache. */
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+    *index = r->n_shards++;
+    return 0;
+}
+
+static int check_tensor(const struct guanaco_residency *r, uint32_t layer, uint32_t index,
+                        const struct guanaco_residency_tensor *t) {
+    uint64_t span = 0;
+    bool overflow = t->expert_stride == 0 || __builtin_mul_overflow(t->expert_stride, (uint64_t)r->n_expert, &span) ||
+                    t->file_offset > UINT64_MAX - span;
+    if (t->fd < 0 || !t->mapped || overflow || t->file_offset + span > t->file_size ||
+        t->file_offset + span > (uint64_t)INT64_MAX) {
+        guanaco_log_error("residency: expert tensor %u of layer %u is invalid: fd %d, offset %llu, %u experts of %llu "
+                          "bytes in a file of %llu bytes",
+                          index, layer, t->fd, (unsigned long long)t->file_offset, r->n_expert,
+                          (unsigned long long)t->expert_stride, (unsigned long long)t->file_size);
+        return -EINVAL;
+    }
+    /* Page boundaries of the mapping and of the file must coincide, or madvise and fadvise would name different pages. */
+    if (((uintptr_t)t->mapped - t->file_offset) % r->page != 0) {
+        guanaco_log_error("residency: expert tensor %u of layer %u: mapped address %p is not page-congruent with file "
+                          "offset %llu (the shard must be mapped from offset 0)",
+                          index, layer, (const void *)t->mapped, (unsigned long long)t->file_offset);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+void guanaco_residency_destroy(struct guanaco_residency *r) {
+    if (!r) {
+        return;
+    }
+    guanaco_io_destroy(r->io);
+    guanaco_policy_free(r->policy);
+    pthread_mutex_destroy(&r->lock);
+    free(r->tensors);
+    free(r->layers);
+    free(r->shards);
+    free(r->loaded);
+    free(r->seen_call);
+    free(r->distinct);
+    free(r->missing);
+    free(r->missing_error);
+    free(r->accessed);
+    free(r->policy_missing);
+    free(r->requests);
+    free(r->request_missing);
+    free(r->scratch);
+    free(r->audit_vector);
+    free(r);
+}
+
+int guanaco_residency_create(const struct guanaco_residency_config *config, struct guanaco_residency **out) {
+    *out = NULL;
+    if (!config || config->n_layer == 0 || config->n_expert == 0 || !config->tensors_of_layer ||
+        !config->tensors_in_layer || config->queue_depth > GUANACO_IO_MAX_QUEUE_DEPTH ||
+        (uint64_t)config->n_layer * config->n_expert > UINT32_MAX / 2) {
+        guanaco_log_error("residency: invalid configuration (%u layers, %u experts, queue depth %u)",
+                          config ? config->n_layer : 0, config ? config->n_expert : 0,
+                          config ? config->queue_depth : 0);
+        return -EINVAL;
+    }
+    struct guanaco_residency *r = calloc(1, sizeof(*r));
+    if (!r) {
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&r->lock, NULL);
+    r->n_layer = config->n_layer;
+    r->n_expert = config->n_expert;
+    long page = sysconf(_SC_PAGESIZE);
+    r->page = page > 0 ? (uint64_t)page : 4096;
+    r->queue_depth = config->queue_depth ? config->queue_depth : GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH;
+
+    uint64_t n_tensors = 0;
+    for (uint32_t l = 0; l < r->n_layer; l++) {
+        if (config->tensors_in_layer[l] && !config->tensors_of_layer[l]) {
+            guanaco_log_error("residency: layer %u has %u expert tensors but no array", l, config->tensors_in_layer[l]);
+            guanaco_residency_destroy(r);
+            return -EINVAL;
+        }
+        n_tensors += config->tensors_in_layer[l];
+    }
+    int err = 0;
+    size_t slots = (size_t)r->n_layer * r->n_expert;
+    r->tensors = calloc(n_tensors ? n_tensors : 1, sizeof(*r->tensors));
+    r->layers = calloc(r->n_layer, sizeof(*r->layers));
+    r->shards = calloc(n_tensors ? n_tensors : 1, sizeof(*r->shards));
+    r->loaded = calloc(slots, 1);
+    r->seen_call = calloc(r->n_expert, sizeof(*r->seen_call));
+    r->distinct = calloc(r->n_expert, sizeof(*r->distinct));
+    r->missing = calloc(r->n_expert, sizeof(*r->missing));
+    r->missing_error = calloc(r->n_expert, sizeof(*r->missing_error));
+    r->accessed = calloc(r->n_expert, sizeof(*r->accessed));
+    r->policy_missing = calloc(r->n_expert, sizeof(*r->policy_missing));
+    r->audit_vector = malloc(AUDIT_PAGES);
+    uint64_t *expert_bytes = calloc(r->n_layer, sizeof(*expert_bytes));
+    if (!r->tensors || !r->layers || !r->shards || !r->loaded || !r->seen_call || !r->distinct || !r->missing ||
+        !r->missing_error || !r->accessed || !r->policy_missing || !r->audit_vector || !expert_bytes) {
+        err = -ENOMEM;
+        goto fail;
+    }
+
+    /* Requests per call at most: every expert of the layer missing, each slice cut into chunks. */
+    uint64_t most_requests = 0;
+    for (uint32_t l = 0; l < r->n_layer; l++) {
+        struct layer *layer = &r->layers[l];
+        layer->first_tensor = r->n_tensors;
+        layer->n_tensors = config->tensors_in_layer[l];
+        uint64_t requests_per_expert = 0;
+        for (uint32_t i = 0; i < layer->n_tensors; i++) {
+            const struct guanaco_residency_tensor *t = &config->tensors_of_layer[l][i];
+            if ((err = check_tensor(r, l, i, t)) != 0) {
+                goto fail;
+            }
+            struct tensor *own = &r->tensors[r->n_tensors++];
+            if ((err = add_shard(r, t->fd, &own->shard)) != 0) {
+                goto fail;
+            }
+            const struct shard *sh = &r->shards[own->shard];
+            own->fd = t->fd;
+            own->begin = t->file_offset;
+            own->stride = t->expert_stride;
+            own->end = t->file_offset + t->expert_stride * r->n_expert;
+            own->mapped = t->mapped;
+            if (own->end > (uint64_t)sh->size) {
+                guanaco_log_error("residency: expert tensor %u of layer %u ends at byte %llu but %s has %lld bytes", i,
+                                  l, (unsigned long long)own->end, sh->name, (long long)sh->size);
+                err = -EINVAL;
+                goto fail;
+            }
+            layer->expert_bytes += t->expert_stride;
+            requests_per_expert += (t->expert_stride + GUANACO_RESIDENCY_CHUNK_BYTES - 1) / GUANACO_RESIDENCY_CHUNK_BYTES;
+        }
+        expert_bytes[l] = layer->expert_bytes;
+        if (requests_per_expert * r->n_expert > most_requests) {
+            most_requests = requests_per_expert * r->n_expert;
+        }
+    }
+    if (most_requests > SIZE_MAX / sizeof(struct guanaco_io_request)) {
+        err = -ENOMEM;
+        goto fail;
+    }
+    r->request_capacity = (size_t)most_requests;
+    r->requests = calloc(most_requests ? most_requests : 1, sizeof(*r->requests));
+    r->request_missing = calloc(most_requests ? most_requests : 1, sizeof(*r->request_missing));
+    r->scratch = malloc((size_t)r->queue_depth * GUANACO_RESIDENCY_CHUNK_BYTES);
+    if (!r->requests || !r->request_missing || !r->scratch) {
+        err = -ENOMEM;
+        goto fail;
+    }
+
+    struct guanaco_policy_config policy_config = {
+        .kind = config->policy,
+        .n_layer = r->n_layer,
+        .n_expert = r->n_expert,
+        .expert_bytes = expert_bytes,
+        .budget_bytes = config->budget_bytes,
+        .max_per_layer = config->max_experts_per_layer,
+    };
+    if ((err = guanaco_policy_create(&policy_config, &r->policy)) != 0) {
+        guanaco_log_error("residency: cannot create the %s policy: %s", guanaco_policy_kind_name(config->policy),
+                          strerror(-err));
+        goto fail;
+    }
+    err = guanaco_io_create(config->io_backend, r->queue_depth, GUANACO_RESIDENCY_CHUNK_BYTES, &r->io);
+    if (err != 0) {
+        if (err != -ENOSYS) { /* -ENOSYS is the caller's cue to fall back to threads, not an error */
+            guanaco_log_error("residency: cannot create the %s reader: %s", guanaco_io_backend_name(config->io_backend),
+                              strerror(-err));
+        }
+        goto fail;
+    }
+    r->io_backend = config->io_backend;
+    r->stats.io_backend = config->io_backend;
+    free(expert_bytes);
+    *out = r;
+    return 0;
+
+fail:
+    free(expert_bytes);
+    guanaco_residency_destroy(r);
+    return err;
+}
+
+/* ---- the file-change guard ---- */
+
+static int check_files(struct guanaco_residency *r) {
+    if (r->stale) {
+        return -ESTALE;
+    }
+    for (uint32_t s = 0; s < r->n_shards; s++) {
+        struct shard *sh = &r->shards[s];
+        struct stat st;
+        if (fstat(sh->fd, &st) != 0) {
+            int err = -errno;
+            guanaco_log_error("residency: %s: %s", sh->name, strerror(-err));
+            return err;
+        }
+        if (st.st_size != sh->size || st.st_mtim.tv_sec != sh->mtime.tv_sec || st.st_mtim.tv_nsec != sh->mtime.tv_nsec) {
+            /* The mapping may now SIGBUS past the new end, or hold other weights: nothing can be trusted. */
+            r->stale = true;
+            guanaco_log_error("model file %s changed on disk while running (size %lld -> %lld bytes, mtime %s): "
+                              "stopping; restart to use the new file",
+                              sh->name, (long long)sh->size, (long long)st.st_size,
+                              st.st_mtim.tv_sec != sh->mtime.tv_sec || st.st_mtim.tv_nsec != sh->mtime.tv_nsec
+                                  ? "changed"
+                                  : "unchanged");
+            return -ESTALE;
+        }
+    }
+    return 0;
+}
+
+/* ---- dropping pages: the edge-page rule ---- */
+
+/*
+ * Whether the page starting at file offset `page` of tensor t (of `layer`)
+ * may be dropped: it lies wholly inside the expert tensor, and no resident
+ * expert's slice touches it. Bytes outside the tensor belong to other weights
+ * or the header, which are never ours to drop.
+ */
+static bool page_droppable(const struct guanaco_residency *r, uint32_t layer, const struct tensor *t, uint64_t page) {
+    if (page < t->begin || page + r->page > t->end) {
+        return false;
+    }
+    uint64_t first = (page - t->begin) / t->stride;
+    uint64_t last = (page + r->page - 1 - t->begin) / t->stride;
+    const uint8_t *loaded = r->loaded + (size_t)layer * r->n_expert;
+    for (uint64_t e = first; e <= last; e++) {
+        if (loaded[e]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static int drop_range(struct guanaco_residency *r, const struct tensor *t, uint64_t start, uint64_t end) {
+    /* MADV_DONTNEED drops our page-table entries; the page cache would keep the data without the fadvise, and
+       the fadvise alone skips pages still mapped. Both, in this order, free the RAM. */
+    if (madvise((void *)(uintptr_t)address_of(t, start), end - start, MADV_DONTNEED) != 0) {
+        int err = -errno;
+        guanaco_log_error("residency: madvise(MADV_DONTNEED) on %s bytes %llu..%llu: %s", r->shards[t->shard].name,
+                          (unsigned long long)start, (unsigned long long)end, strerror(-err));
+        return err;
+    }
+    int ret = posix_fadvise(t->fd, (off_t)start, (off_t)(end - start), POSIX_FADV_DONTNEED);
+    if (ret != 0) {
+        guanaco_log_error("residency: posix_fadvise(DONTNEED) on %s bytes %llu..%llu: %s", r->shards[t->shard].name,
+                          (unsigned long long)start, (unsigned long long)end, strerror(ret));
+        return -ret;
+    }
+    return 0;
+}
+
+/*
+ * Drops the pages of expert e of `layer` that nothing resident needs. The
+ * expert must already be marked non-resident. Its interior pages always go;
+ * each edge page goes when page_droppable says so. The result is one
+ * contiguous range per slice.
+ */
+static int drop_expert(struct guanaco_residency *r, uint32_t layer, uint32_t e) {
+    const struct layer *l = &r->layers[layer];
+    int first_error = 0;
+    for (uint32_t i = 0; i < l->n_tensors; i++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + i];
+        uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
+        uint64_t start = page_up(r, a), end = page_down(r, b);
+        if (a % r->page && page_droppable(r, layer, t, page_down(r, a))) {
+            start = page_down(r, a);
+        }
+        if (b % r->page && page_droppable(r, layer, t, page_down(r, b))) {
+            end = page_down(r, b) + r->page;
+        }
+        if (start < end) {
+            int err = drop_range(r, t, start, end);
+            if (err && !first_error) {
+                first_error = err;
+            }
+        }
+    }
+    return first_error;
+}
+
+/* ---- loading ---- */
+
+static const char *shard_name(const struct guanaco_residency *r, int fd) {
+    for (uint32_t s = 0; s < r->n_shards; s++) {
+        if (r->shards[s].fd == fd) {
+            return r->shards[s].name;
+        }
+    }
+    return "?";
+}
+
+static int populate(struct guanaco_residency *r, const char *start, uint64_t length) {
+    for (unsigned tries = 0; !r->populate_by_touch; tries++) {
+        if (madvise((void *)(uintptr_t)start, length, MADV_POPULATE_READ) == 0) {
+            return 0;
+        }
+        int err = errno;
+        if (err == EINVAL || err == ENOSYS) {
+            r->populate_by_touch = true; /* before Linux 5.14 */
+            break;
+        }
+        if ((err != EINTR && err != EAGAIN) || tries >= POPULATE_RETRIES) {
+            return -err;
+        }
+    }
+    for (uint64_t at = 0; at < length; at += r->page) {
+        (void)*(const volatile char *)(start + at);
+    }
+    return 0;
+}
+
+/*
+ * Reads the n missing experts of `layer` into the page cache in one batch
+ * (every slice at once, so the queue stays full), then populates the mapping
+ * for each expert whose reads all succeeded. Marks the successes loaded and
+ * sets missing_error[i] for each failure. Returns the first error.
+ */
+static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n) {
+    const struct layer *l = &r->layers[layer];
+    size_t n_requests = 0;
+    for (size_t i = 0; i < n; i++) {
+        r->missing_error[i] = 0;
+        for (uint32_t k = 0; k < l->n_tensors; k++) {
+            const struct tensor *t = &r->tensors[l->first_tensor + k];
+            uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
+            for (uint64_t done = 0; done < t->stride; done += GUANACO_RESIDENCY_CHUNK_BYTES) {
+                uint64_t left = t->stride - done;
+                /* Requests in flight together get different scratch chunks; the data is never looked at. */
+                r->requests[n_requests] = (struct guanaco_io_request){
+                    .fd = t->fd,
+                    .offset = a + done,
+                    .length = left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
+                    .destination = r->scratch + (n_requests % r->queue_depth) * (size_t)GUANACO_RESIDENCY_CHUNK_BYTES,
+                };
+                r->request_missing[n_requests++] = (uint32_t)i;
+            }
+        }
+    }
+    uint64_t start = now_ns();
+    (void)guanaco_io_read_batch(r->io, r->requests, n_requests); /* per-request results below */
+    uint64_t read_end = now_ns();
+    r->stats.read_ns += read_end - start;
+    r->stats.reads_issued += n_requests;
+    int first_error = 0;
+    for (size_t q = 0; q < n_requests; q++) {
+        const struct guanaco_io_request *req = &r->requests[q];
+        uint32_t i = r->request_missing[q];
+        if (req->result == 0) {
+            r->stats.bytes_read += req->length;
+        } else if (r->missing_error[i] == 0) {
+            r->missing_error[i] = req->result;
+            if (!first_error) {
+                first_error = req->result;
+                guanaco_log_error("residency: cannot read expert %u of layer %u (%s, bytes %llu..%llu): %s%s",
+                                  r->missing[i], layer, shard_name(r, req->fd),
+                                  (unsigned long long)req->offset, (unsigned long long)(req->offset + req->length),
+                                  strerror(-req->result), req->result == -ENODATA ? " (the file ends early)" : "");
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        for (uint32_t k = 0; k < l->n_tensors && r->missing_error[i] == 0; k++) {
+            const struct tensor *t = &r->tensors[l->first_tensor + k];
+            uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
+            uint64_t start = page_down(r, a), end = page_up(r, a + t->stride);
+            int err = populate(r, address_of(t, start), end - start);
+            if (err) {
+                r->missing_error[i] = err;
+                if (!first_error) {
+                    first_error = err;
+                    guanaco_log_error("residency: cannot map expert %u of layer %u (%s, bytes %llu..%llu): %s",
+                                      r->missing[i], layer, r->shards[t->shard].name, (unsigned long long)start,
+                                      (unsigned long long)end, strerror(-err));
+                }
+            }
+        }
+        if (r->missing_error[i] == 0) {
+            r->loaded[(size_t)layer * r->n_expert + r->missing[i]] = 1;
+            r->stats.expert_loads++;
+        } else {
+            r->stats.load_failures++;
+        }
+    }
+    r->stats.populate_ns += now_ns() - read_end;
+    return first_error;
+}
+
+/* ---- one call ---- */
+
+static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
+                          uint64_t token) {
+    if (layer >= r->n_layer || (n_ids > 0 && !ids)) {
+        guanaco_log_error("residency: layer %u out of range (%u layers) or no ids", layer, r->n_layer);
+        return -EINVAL;
+    }
+    if (r->layers[layer].n_tensors == 0) {
+        return 0; /* dense: nothing of it is ours */
+    }
+    int err = check_files(r);
+    if (err) {
+        return err;
+    }
+
+    /* distinct valid ids, in order of first appearance */
+    uint64_t call = ++r->call;
+    size_t n_distinct = 0;
+    for (size_t i = 0; i < n_ids; i++) {
+        int32_t id = ids[i];
+        if (id < 0 || (uint32_t)id >= r->n_expert) {
+            r->stats.invalid_ids++;
+            continue;
+        }
+        if (r->seen_call[id] != call) {
+            r->seen_call[id] = call;
+            r->distinct[n_distinct++] = (uint32_t)id;
+        }
+    }
+    r->stats.accesses += n_distinct;
+
+    uint8_t *loaded = r->loaded + (size_t)layer * r->n_expert;
+    size_t n_missing = 0;
+    for (size_t i = 0; i < n_distinct; i++) {
+        if (loaded[r->distinct[i]]) {
+            r->stats.hits++;
+        } else {
+            r->missing[n_missing++] = r->distinct[i];
+        }
+    }
+    int first_error = n_missing ? load_experts(r, layer, n_missing) : 0;
+
+    /* The policy hears only about what is really resident now. */
+    size_t n_accessed = 0;
+    for (size_t i = 0; i < n_distinct; i++) {
+        if (loaded[r->distinct[i]]) {
+            r->accessed[n_accessed++] = r->distinct[i];
+        }
+    }
+    size_t n_policy_missing = 0;
+    err = guanaco_policy_access(r->policy, layer, r->accessed, n_accessed, token, r->policy_missing, &n_policy_missing);
+    if (err) {
+        guanaco_log_error("residency: policy refused layer %u: %s", layer, strerror(-err));
+        return err;
+    }
+    uint64_t resident = guanaco_policy_resident_bytes(r->policy);
+    if (resident > r->stats.peak_resident_bytes) {
+        r->stats.peak_resident_bytes = resident;
+    }
+
+    /* A failed expert may have left pages cached or mapped; they are no one's now. */
+    for (size_t i = 0; i < n_missing; i++) {
+        if (r->missing_error[i] != 0) {
+            (void)drop_expert(r, layer, r->missing[i]);
+        }
+    }
+
+    uint64_t evict_start = now_ns();
+    int drop_error = 0;
+    for (;;) {
+        size_t n_victims = 0;
+        int ret = guanaco_policy_evict(r->policy, layer, r->victim_layers, r->victim_experts, VICTIM_CAPACITY,
+                                       &n_victims);
+        /* All of a round's victims are marked first, so a page two of them share goes with the second. */
+        for (size_t v = 0; v < n_victims; v++) {
+            r->loaded[(size_t)r->victim_layers[v] * r->n_expert + r->victim_experts[v]] = 0;
+        }
+        for (size_t v = 0; v < n_victims; v++) {
+            int e = drop_expert(r, r->victim_layers[v], r->victim_experts[v]);
+            if (e && !drop_error) {
+                drop_error = e;
+            }
+        }
+        r->stats.evictions += n_victims;
+        if (ret != -ENOBUFS) {
+            break;
+        }
+    }
+    r->stats.evict_ns += now_ns() - evict_start;
+    r->stats.resident_bytes = guanaco_policy_resident_bytes(r->policy);
+    return first_error ? first_error : drop_error;
+}
+
+int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
+                                    uint64_t token) {
+    uint64_t start = now_ns();
+    pthread_mutex_lock(&r->lock);
+    int ret = prepare_locked(r, layer, ids, n_ids, token);
+    r->stats.stall_ns += now_ns() - start;
+    pthread_mutex_unlock(&r->lock);
+    return ret;
+}
+
+/* ---- queries ---- */
+
+void guanaco_residency_get_stats(const struct guanaco_residency *r, struct guanaco_residency_stats *out) {
+    struct guanaco_residency *m = (struct guanaco_residency *)r; /* the lock is not part of the value */
+    pthread_mutex_lock(&m->lock);
+    *out = r->stats;
+    pthread_mutex_unlock(&m->lock);
+}
+
+bool guanaco_residency_is_resident(const struct guanaco_residency *r, uint32_t layer, uint32_t expert) {
+    if (layer >= r->n_layer || expert >= r->n_expert) {
+        return false;
+    }
+    struct guanaco_residency *m = (struct guanaco_residency *)r;
+    pthread_mutex_lock(&m->lock);
+    bool resident = r->loaded[(size_t)layer * r->n_expert + expert] != 0;
+    pthread_mutex_unlock(&m->lock);
+    return resident;
+}
+
+struct address_range {
+    uintptr_t start, end;
+};
+
+static int compare_ranges(const void *a, const void *b) {
+    const struct address_range *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_resident_bytes) {
+    *mapped_resident_bytes = 0;
+    struct address_range *ranges = calloc(r->n_tensors ? r->n_tensors : 1, sizeof(*ranges));
+    if (!ranges) {
+        return -ENOMEM;
+    }
+    pthread_mutex_lock(&r->lock);
+    for (uint32_t i = 0; i < r->n_tensors; i++) {
+        const struct tensor *t = &r->tensors[i];
+        uintptr_t a = (uintptr_t)t->mapped, b = a + (uintptr_t)(t->end - t->begin);
+        ranges[i] = (struct address_range){a - a % r->page, (b + r->page - 1) / r->page * r->page};
+    }
+    /* Adjacent tensors of one shard share a page; merged, it is counted once. */
+    qsort(ranges, r->n_tensors, sizeof(*ranges), compare_ranges);
+    int err = 0;
+    uint64_t resident_pages = 0;
+    for (uint32_t i = 0; i < r->n_tensors && !err;) {
+        uintptr_t start = ranges[i].start, end = ranges[i].end;
+        for (i++; i < r->n_tensors && ranges[i].start <= end; i++) {
+            end = ranges[i].end > end ? ranges[i].end : end;
+        }
+        for (uintptr_t at = start; at < end;) {
+            size_t pages = (end - at) / r->page;
+            pages = pages < AUDIT_PAGES ? pages : AUDIT_PAGES;
+            if (mincore((void *)at, pages * r->page, r->audit_vector) != 0) {
+                err = -errno;
+                guanaco_log_error("residency: mincore over expert pages: %s", strerror(-err));
+                break;
+            }
+            for (size_t p = 0; p < pages; p++) {
+                resident_pages += r->audit_vector[p] & 1;
+            }
+            at += pages * r->page;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    free(ranges);
+    *mapped_resident_bytes = resident_pages * r->page;
+    return err;
+}
+
+void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t after_bytes, int error) {
+    pthread_mutex_lock(&r->lock);
+    guanaco_io_inject_fault(r->io, after_bytes, error);
+    pthread_mutex_unlock(&r->lock);
+}

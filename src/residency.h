@@ -1,0 +1,135 @@
+/*
+ * residency.h - owns which experts' bytes are actually in RAM: the residency
+ * engine. llama.cpp maps each GGUF shard read-only (MAP_SHARED, PROT_READ) and
+ * the expert tensors are zero-copy views into that mapping. Before layer L's
+ * MUL_MAT_ID runs, the engine is told the router's ids for L; it reads the
+ * experts that are missing at high queue depth through io.h into the page
+ * cache, maps them into the process (MADV_POPULATE_READ), and evicts what the
+ * replacement policy (policy.h) chooses, dropping both the page-table entries
+ * (MADV_DONTNEED) and the page cache (POSIX_FADV_DONTNEED), so the budget is
+ * real RAM and not a hope.
+ *
+ * The unit of residency is one expert of one MoE layer: the slices
+ * [file_offset + e*stride, +stride) of every expert tensor of that layer
+ * (gate, up, down or fused gate_up, biases). Slices are not page aligned
+ * (GGUF aligns to 32 bytes), so neighbouring experts share edge pages:
+ *   - loading maps the slice rounded outward to whole pages;
+ *   - evicting drops a page only when no resident expert's slice touches it
+ *     and the whole page lies inside the expert tensor: bytes outside the
+ *     tensor (other weights, the header) are never dropped, so up to one page
+ *     at each end of each expert tensor may stay cached after its edge
+ *     expert leaves.
+ *
+ * Memory bound. W = one layer's working set: the distinct experts the ubatch
+ * routes to in that layer times the layer's expert bytes. Resident expert
+ * bytes (the accounting) after prepare_layer are <= max(budget, W of the
+ * layer just prepared). During a call the missing experts are read before
+ * eviction, so the worst case is budget + W (or 2W when W > budget). Page
+ * rounding adds at most 2 pages per resident slice, plus the 2 pages per
+ * expert tensor above. The engine itself holds a scratch buffer of
+ * queue_depth MiB that the reads land in (their content is discarded: only
+ * the page cache fill matters).
+ *
+ * A read error, a short file (-ENODATA) or a failed populate returns the
+ * error from prepare_layer and leaves that expert non-resident (in the
+ * policy's accounting and in the mapping); the others of the call are fine
+ * and a later call retries it. The caller must not let the layer compute.
+ *
+ * File-change guard: each shard's size and mtime are recorded at create and
+ * re-checked (one fstat per shard) on every prepare_layer; a change fails
+ * with -ESTALE from then on, because the mapping may now SIGBUS or hold
+ * different weights.
+ *
+ * Side effect on the fds: POSIX_FADV_RANDOM is set on each one, because the
+ * reads are exact and readahead would pull non-resident experts into the page
+ * cache. Hand the engine fds of its own. It never closes them.
+ *
+ * Thread-safe: one internal mutex serialises prepare_layer, get_stats, audit.
+ */
+#ifndef GUANACO_RESIDENCY_H
+#define GUANACO_RESIDENCY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io.h"
+#include "policy.h"
+
+/* Reads are cut into chunks of this size; the scratch buffer is queue_depth of them. */
+#define GUANACO_RESIDENCY_CHUNK_BYTES (1u << 20)
+/* queue_depth when the config leaves it 0. */
+#define GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH 16u
+
+struct guanaco_residency_tensor {   /* one expert tensor of one MoE layer */
+    int fd;                 /* the shard, opened O_RDONLY by the caller */
+    uint64_t file_offset;   /* first byte of the tensor in the shard */
+    uint64_t expert_stride; /* bytes of one expert */
+    const char *mapped;     /* the tensor's first byte in the process's mapping of that shard */
+    uint64_t file_size;     /* of the shard, for bounds */
+};
+
+struct guanaco_residency_config {
+    uint32_t n_layer, n_expert;
+    const struct guanaco_residency_tensor *const *tensors_of_layer; /* n_layer arrays */
+    const uint32_t *tensors_in_layer;                                /* 0 for dense layers */
+    uint64_t budget_bytes;          /* expert bytes allowed resident */
+    uint32_t max_experts_per_layer; /* 0 = no cap; the tighter of both wins */
+    enum guanaco_policy_kind policy;
+    enum guanaco_io_backend io_backend;
+    unsigned queue_depth;           /* 0 = GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH */
+};
+
+struct guanaco_residency_stats {
+    uint64_t accesses, hits;        /* distinct (layer, expert) accesses, and those that needed no read */
+    uint64_t bytes_read, reads_issued, evictions, expert_loads;
+    uint64_t load_failures;         /* accesses whose read or populate failed: accesses = hits + loads + failures */
+    uint64_t invalid_ids;           /* ids outside [0, n_expert): counted, never used */
+    uint64_t stall_ns;              /* time spent inside prepare_layer, of which: */
+    uint64_t read_ns, populate_ns, evict_ns; /* the batch of reads, MADV_POPULATE_READ, dropping victims */
+    uint64_t resident_bytes;        /* accounting */
+    uint64_t peak_resident_bytes;   /* highest accounting, reached between the reads and the eviction */
+    enum guanaco_io_backend io_backend;
+};
+
+struct guanaco_residency;
+
+/*
+ * Checks every tensor (inside its file, stride > 0, mapping page-congruent
+ * with the file offset), records each shard's size and mtime, and allocates
+ * everything prepare_layer needs. 0, -EINVAL (bad config, with a message),
+ * -ENOMEM, -errno of fstat, or -ENOSYS when io_uring was asked for and is not
+ * available (no message: the caller falls back to GUANACO_IO_THREADS).
+ */
+int guanaco_residency_create(const struct guanaco_residency_config *config, struct guanaco_residency **out);
+
+/*
+ * Makes every expert in ids (n_ids entries, any order, repeats allowed) of
+ * `layer` resident, then evicts by policy, protecting `layer`. `token` is the
+ * policy's clock. A dense layer is a no-op. Returns 0, -EINVAL (layer out of
+ * range), -ESTALE (a shard changed on disk), or the first read/populate/drop
+ * error; every failure prints a message.
+ */
+int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
+                                    uint64_t token);
+
+void guanaco_residency_get_stats(const struct guanaco_residency *r, struct guanaco_residency_stats *out);
+
+/* Whether (layer, expert) is resident in the accounting; false when out of range. */
+bool guanaco_residency_is_resident(const struct guanaco_residency *r, uint32_t layer, uint32_t expert);
+
+/*
+ * mincore over every expert tensor's mapped range (rounded outward to pages,
+ * pages shared by two tensors counted once): bytes of expert pages actually
+ * resident, page granularity. On a shared file mapping mincore reports the
+ * page cache, so this is the RAM the experts really hold. 0 or -errno.
+ */
+int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_resident_bytes);
+
+/* Tests only: arm io.h's one-shot fault (guanaco_io_inject_fault) on the engine's reader. */
+void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t after_bytes, int error);
+
+/* Frees the engine; NULL is accepted. Drops nothing: the mapping's owner unmaps it. */
+void guanaco_residency_destroy(struct guanaco_residency *r);
+
+#endif

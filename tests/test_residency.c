@@ -1,0 +1,675 @@
+/*
+ * test_residency.c - owns the tests of src/residency.c against a synthetic
+ * model file on a real filesystem: 7 layers (layer 3 dense) of 4 expert
+ * tensors x 16 experts, strides of 150000, 150000, 110000 and 1000 bytes (so
+ * slices are never page aligned and the last tensor packs several experts
+ * into one page), every tensor at an offset = 32 mod 4096, filled with a
+ * known pattern, dropped from the page cache and mapped PROT_READ MAP_SHARED
+ * as llama.cpp does. After every prepare_layer, page by page:
+ *   - pages a resident expert touches are in the page cache, and the needed
+ *     experts' pages are mapped (pagemap) and read back as the pattern;
+ *   - pages wholly inside a tensor that no resident expert touches are in
+ *     neither the page cache (mincore on a second, fresh mapping) nor our
+ *     page tables (so evictions dropped the interiors and never a resident
+ *     neighbour's page);
+ *   - the audit agrees with the accounting within page rounding, and the
+ *     accounting stays within max(budget, one layer's working set);
+ *   - max_experts_per_layer holds.
+ * Then: budgets below one layer's working set, injected read faults, a file
+ * truncated or touched underneath, bad configurations, two threads at once,
+ * both io backends. Files go under $TMPDIR (or /tmp) and are removed.
+ */
+#include "io.h"
+#include "log.h"
+#include "policy.h"
+#include "residency.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+
+#define N_LAYER 7
+#define DENSE_LAYER 3
+#define N_TENSOR 4
+#define N_EXPERT 16
+#define TMPFS_MAGIC_NUMBER 0x01021994
+
+static const uint64_t stride_of_tensor[N_TENSOR] = {150000, 150000, 110000, 1000};
+#define EXPERT_BYTES (150000ull + 150000ull + 110000ull + 1000ull)
+
+static uint64_t P;
+static unsigned char *expected_content; /* the pattern of the largest model, for memcmp */
+static int pagemap_fd = -1;
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+
+struct model {
+    char path[4096];
+    int fd;            /* O_RDONLY, handed to the engine */
+    uint32_t n_layer;
+    uint64_t size;
+    const char *map;   /* the engine's mapping, like llama.cpp's */
+    const char *map2;  /* a second mapping, only ever asked mincore: the page cache itself */
+    uint64_t offset[N_LAYER][N_TENSOR];
+    struct guanaco_residency_tensor tensors[N_LAYER][N_TENSOR];
+    const struct guanaco_residency_tensor *per_layer[N_LAYER];
+    uint32_t tensors_in_layer[N_LAYER];
+};
+
+static uint64_t next_random(void) {
+    /* splitmix64: a fixed seed, so a failure repeats */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static unsigned char pattern_byte(uint64_t p) {
+    return (unsigned char)((p * 0x9e3779b1u) >> 13 ^ (p >> 12) ^ (p >> 20));
+}
+
+static uint64_t page_down(uint64_t x) { return x - x % P; }
+static uint64_t page_up(uint64_t x) { return page_down(x + P - 1); }
+
+static bool is_moe(const struct model *m, uint32_t layer) { return m->tensors_in_layer[layer] > 0; }
+
+static uint64_t slice_begin(const struct model *m, uint32_t layer, uint32_t t, uint32_t e) {
+    return m->offset[layer][t] + (uint64_t)e * stride_of_tensor[t];
+}
+
+static void drop_whole_file(const struct model *m) {
+    madvise((void *)(uintptr_t)m->map, m->size, MADV_DONTNEED);
+    posix_fadvise(m->fd, 0, 0, POSIX_FADV_DONTNEED);
+}
+
+/* Lays out n_layer layers: a header page, then per layer a dense blob and its expert tensors. */
+static int make_model(struct model *m, uint32_t n_layer, const char *tag) {
+    memset(m, 0, sizeof(*m));
+    m->n_layer = n_layer;
+    uint64_t at = 4096;
+    for (uint32_t l = 0; l < n_layer; l++) {
+        at += 5000; /* "dense weights" between the expert tensors */
+        if (l == DENSE_LAYER) {
+            continue;
+        }
+        for (uint32_t t = 0; t < N_TENSOR; t++) {
+            at = (at + 4095) / 4096 * 4096 + 32; /* GGUF's 32-byte alignment, never a page's */
+            m->offset[l][t] = at;
+            at += stride_of_tensor[t] * N_EXPERT;
+        }
+    }
+    m->size = at + 777; /* a tail that belongs to nothing */
+    const char *dir = getenv("TMPDIR");
+    snprintf(m->path, sizeof(m->path), "%s/guanaco-test-residency-%s-XXXXXX", dir && *dir ? dir : "/tmp", tag);
+    int wfd = mkstemp(m->path);
+    if (wfd < 0) {
+        perror("mkstemp");
+        return -1;
+    }
+    if (!expected_content) {
+        /* the first model is the largest; the pattern depends only on the position, so it serves them all */
+        expected_content = malloc(m->size);
+        for (uint64_t i = 0; i < m->size; i++) {
+            expected_content[i] = pattern_byte(i);
+        }
+    }
+    if (pwrite(wfd, expected_content, m->size, 0) != (ssize_t)m->size) {
+        perror("pwrite");
+        close(wfd);
+        return -1;
+    }
+    fdatasync(wfd);
+    close(wfd);
+    m->fd = open(m->path, O_RDONLY);
+    if (m->fd < 0) {
+        perror("open");
+        return -1;
+    }
+    m->map = mmap(NULL, m->size, PROT_READ, MAP_SHARED, m->fd, 0);
+    m->map2 = mmap(NULL, m->size, PROT_READ, MAP_SHARED, m->fd, 0);
+    if (m->map == MAP_FAILED || m->map2 == MAP_FAILED) {
+        perror("mmap");
+        return -1;
+    }
+    for (uint32_t l = 0; l < n_layer; l++) {
+        m->per_layer[l] = m->tensors[l];
+        m->tensors_in_layer[l] = l == DENSE_LAYER ? 0 : N_TENSOR;
+        for (uint32_t t = 0; l != DENSE_LAYER && t < N_TENSOR; t++) {
+            m->tensors[l][t] = (struct guanaco_residency_tensor){
+                .fd = m->fd,
+                .file_offset = m->offset[l][t],
+                .expert_stride = stride_of_tensor[t],
+                .mapped = m->map + m->offset[l][t],
+                .file_size = m->size,
+            };
+        }
+    }
+    drop_whole_file(m);
+    return 0;
+}
+
+static void free_model(struct model *m) {
+    if (m->map && m->map != MAP_FAILED) {
+        munmap((void *)(uintptr_t)m->map, m->size);
+    }
+    if (m->map2 && m->map2 != MAP_FAILED) {
+        munmap((void *)(uintptr_t)m->map2, m->size);
+    }
+    if (m->fd > 0) {
+        close(m->fd);
+    }
+    unlink(m->path);
+}
+
+static struct guanaco_residency_config config_of(const struct model *m, uint64_t budget, uint32_t cap,
+                                                 enum guanaco_policy_kind policy, enum guanaco_io_backend io) {
+    return (struct guanaco_residency_config){
+        .n_layer = m->n_layer,
+        .n_expert = N_EXPERT,
+        .tensors_of_layer = m->per_layer,
+        .tensors_in_layer = m->tensors_in_layer,
+        .budget_bytes = budget,
+        .max_experts_per_layer = cap,
+        .policy = policy,
+        .io_backend = io,
+        .queue_depth = 16,
+    };
+}
+
+/* ---- the page-by-page verification ---- */
+
+enum { PAGE_UNCHECKED, PAGE_RESIDENT, PAGE_ABSENT, PAGE_EITHER };
+
+/* Our page-table entries of the whole mapping (pagemap's present bit), one pread; NULL without pagemap. */
+static uint64_t *read_pagemap(const char *map, size_t n_pages) {
+    if (pagemap_fd < 0) {
+        return NULL;
+    }
+    uint64_t *entries = malloc(n_pages * sizeof(*entries));
+    size_t bytes = n_pages * sizeof(*entries);
+    if (pread(pagemap_fd, entries, bytes, (off_t)((uintptr_t)map / P * sizeof(*entries))) != (ssize_t)bytes) {
+        free(entries);
+        return NULL;
+    }
+    return entries;
+}
+
+static bool page_mapped(const uint64_t *entries, size_t page) {
+    return !entries || (entries[page] >> 63) & 1;
+}
+
+static size_t distinct_ids(const int32_t *ids, size_t n, uint32_t *out) {
+    bool seen[N_EXPERT] = {0};
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] >= 0 && ids[i] < N_EXPERT && !seen[ids[i]]) {
+            seen[ids[i]] = true;
+            out[k++] = (uint32_t)ids[i];
+        }
+    }
+    return k;
+}
+
+/*
+ * Checks the state after a call on `layer` with `ids` (layer UINT32_MAX: no
+ * call to check, only the global state). `expected_failed` names an expert of
+ * that layer whose load must have failed, or -1.
+ */
+static void verify(const struct model *m, struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
+                   uint64_t budget, uint32_t cap, int expected_failed) {
+    size_t n_pages = (size_t)(page_up(m->size) / P);
+    unsigned char *state = calloc(n_pages, 1), *cached = malloc(n_pages);
+    CHECK(mincore((void *)(uintptr_t)m->map2, m->size, cached) == 0);
+    uint64_t *mapped = read_pagemap(m->map, n_pages);
+    CHECK(pagemap_fd < 0 || mapped);
+
+    uint32_t resident_experts = 0;
+    uint32_t per_layer[N_LAYER] = {0};
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        for (uint32_t t = 0; t < m->tensors_in_layer[l]; t++) {
+            uint64_t s = m->offset[l][t], e = s + stride_of_tensor[t] * N_EXPERT;
+            for (uint64_t p = page_up(s); p + P <= e; p += P) {
+                state[p / P] = PAGE_ABSENT;
+            }
+            state[s / P] = PAGE_EITHER; /* shares bytes with whatever precedes the tensor: never dropped */
+            if (e % P) {
+                state[e / P] = PAGE_EITHER;
+            }
+        }
+    }
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        for (uint32_t x = 0; x < N_EXPERT && is_moe(m, l); x++) {
+            if (!guanaco_residency_is_resident(r, l, x)) {
+                continue;
+            }
+            resident_experts++;
+            per_layer[l]++;
+            for (uint32_t t = 0; t < N_TENSOR; t++) {
+                uint64_t a = slice_begin(m, l, t, x);
+                for (uint64_t p = page_down(a); p < a + stride_of_tensor[t]; p += P) {
+                    state[p / P] = PAGE_RESIDENT;
+                }
+            }
+        }
+    }
+    size_t missing = 0, stray_cached = 0, stray_mapped = 0, first_bad = SIZE_MAX;
+    for (size_t p = 0; p < n_pages; p++) {
+        if (state[p] == PAGE_RESIDENT && !(cached[p] & 1)) {
+            missing++;
+            first_bad = first_bad == SIZE_MAX ? p : first_bad;
+        }
+        if (state[p] == PAGE_ABSENT && (cached[p] & 1)) {
+            stray_cached++;
+            first_bad = first_bad == SIZE_MAX ? p : first_bad;
+        }
+        if (state[p] == PAGE_ABSENT && mapped && page_mapped(mapped, p)) {
+            stray_mapped++;
+            first_bad = first_bad == SIZE_MAX ? p : first_bad;
+        }
+    }
+    if (missing || stray_cached || stray_mapped) {
+        fprintf(stderr, "layer %u: %zu pages of resident experts not cached, %zu pages no resident expert touches "
+                        "still cached, %zu still mapped; first bad page %zu (file offset %zu)\n",
+                layer, missing, stray_cached, stray_mapped, first_bad, first_bad * (size_t)P);
+    }
+    CHECK(missing == 0);
+    CHECK(stray_cached == 0);
+    CHECK(stray_mapped == 0);
+
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.resident_bytes == (uint64_t)resident_experts * EXPERT_BYTES);
+    CHECK(st.accesses == st.hits + st.expert_loads + st.load_failures);
+
+    uint32_t needed[N_EXPERT];
+    size_t n_needed = layer < m->n_layer && is_moe(m, layer) ? distinct_ids(ids, n_ids, needed) : 0;
+    bool all_needed = true, all_mapped = true, bytes_equal = true;
+    for (size_t i = 0; i < n_needed; i++) {
+        if ((int)needed[i] == expected_failed) {
+            CHECK(!guanaco_residency_is_resident(r, layer, needed[i]));
+            continue;
+        }
+        if (!guanaco_residency_is_resident(r, layer, needed[i])) {
+            all_needed = false;
+            continue;
+        }
+        for (uint32_t t = 0; t < N_TENSOR; t++) {
+            uint64_t a = slice_begin(m, layer, t, needed[i]), b = a + stride_of_tensor[t];
+            for (uint64_t p = page_down(a); p < b; p += P) {
+                all_mapped = all_mapped && page_mapped(mapped, p / P);
+            }
+            /* only once the pages are known to be there: a fault here would read the file itself */
+            if (missing == 0) {
+                bytes_equal = bytes_equal && memcmp(m->map + a, expected_content + a, b - a) == 0;
+            }
+        }
+    }
+    CHECK(all_needed);
+    CHECK(all_mapped);
+    CHECK(bytes_equal);
+
+    /* the accounting within max(budget, the working set); the audit within its page rounding */
+    uint64_t working_set = (uint64_t)n_needed * EXPERT_BYTES;
+    uint64_t rounding = 2 * P * (uint64_t)resident_experts * N_TENSOR; /* 2 edge pages per resident slice */
+    uint64_t n_tensors = 0;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        n_tensors += m->tensors_in_layer[l];
+    }
+    uint64_t stranded = 2 * P * n_tensors; /* 2 tensor-boundary pages per tensor */
+    if (!(st.resident_bytes <= (budget > working_set ? budget : working_set))) {
+        fprintf(stderr, "layer %u: accounted %llu, budget %llu, working set %llu; per layer:", layer,
+                (unsigned long long)st.resident_bytes, (unsigned long long)budget, (unsigned long long)working_set);
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            fprintf(stderr, " %u", per_layer[l]);
+        }
+        fprintf(stderr, "\n");
+    }
+    CHECK(st.resident_bytes <= (budget > working_set ? budget : working_set));
+    uint64_t audited = 0;
+    CHECK(guanaco_residency_audit(r, &audited) == 0);
+    if (!(audited >= st.resident_bytes && audited <= st.resident_bytes + rounding + stranded)) {
+        fprintf(stderr, "audit %llu, accounted %llu, rounding %llu, stranded %llu\n", (unsigned long long)audited,
+                (unsigned long long)st.resident_bytes, (unsigned long long)rounding, (unsigned long long)stranded);
+    }
+    CHECK(audited >= st.resident_bytes);
+    CHECK(audited <= st.resident_bytes + rounding + stranded);
+    CHECK(audited <= budget + working_set + rounding + stranded);
+
+    if (cap) {
+        bool within = true;
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            uint32_t allowed = l == layer && n_needed > cap ? (uint32_t)n_needed : cap;
+            within = within && per_layer[l] <= allowed;
+        }
+        CHECK(within);
+    }
+    free(state);
+    free(cached);
+    free(mapped);
+}
+
+/* ---- streams ---- */
+
+/* n_tokens rows of k distinct ids; skewed draws favour low ids (u^3). */
+static size_t draw_ids(int32_t *ids, uint32_t n_tokens, uint32_t k, bool skewed) {
+    size_t n = 0;
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        bool used[N_EXPERT] = {0};
+        for (uint32_t j = 0; j < k;) {
+            double u = (double)(next_random() >> 11) / 9007199254740992.0;
+            uint32_t e = skewed ? (uint32_t)(N_EXPERT * u * u * u) : (uint32_t)(next_random() % N_EXPERT);
+            if (!used[e]) {
+                used[e] = true;
+                ids[n++] = (int32_t)e;
+                j++;
+            }
+        }
+    }
+    return n;
+}
+
+static void run_stream(const struct model *m, enum guanaco_io_backend io, enum guanaco_policy_kind policy,
+                       uint64_t budget, uint32_t cap, uint32_t tokens, uint32_t batch, uint32_t k, bool skewed) {
+    drop_whole_file(m);
+    struct guanaco_residency_config config = config_of(m, budget, cap, policy, io);
+    struct guanaco_residency *r = NULL;
+    int ret = guanaco_residency_create(&config, &r);
+    CHECK(ret == 0);
+    if (ret) {
+        return;
+    }
+    int32_t ids[N_EXPERT * 8], last_ids[N_EXPERT * 8];
+    size_t n_last = 0;
+    uint32_t last_layer = UINT32_MAX;
+    int failures = 0;
+    for (uint32_t token = 0; token < tokens; token++) {
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            size_t n = draw_ids(ids, batch, k, skewed);
+            ret = guanaco_residency_prepare_layer(r, l, ids, n, token);
+            failures += ret != 0;
+            if (is_moe(m, l)) {
+                memcpy(last_ids, ids, n * sizeof(*ids));
+                n_last = n;
+                last_layer = l;
+            }
+            /* a dense layer is a no-op: the bounds are still those of the last MoE layer's call */
+            verify(m, r, last_layer, last_ids, n_last, budget, cap, -1);
+        }
+    }
+    CHECK(failures == 0);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.load_failures == 0);
+    CHECK(st.accesses == st.hits + st.expert_loads);
+    CHECK(st.bytes_read == st.expert_loads * EXPERT_BYTES);
+    CHECK(st.reads_issued >= st.expert_loads * N_TENSOR);
+    CHECK(st.expert_loads >= st.evictions);
+    CHECK(st.peak_resident_bytes >= st.resident_bytes);
+    CHECK(st.stall_ns > 0);
+    printf("  %-8s %-9s budget %5.1f%% cap %2u batch %u top-%u %s: %llu accesses, %.0f%% hits, %llu loads, "
+           "%llu evictions, %.1f MB read\n",
+           guanaco_io_backend_name(io), guanaco_policy_kind_name(policy),
+           100.0 * (double)budget / (double)(EXPERT_BYTES * N_EXPERT * (m->n_layer - 1)), cap, batch, k,
+           skewed ? "skewed" : "uniform", (unsigned long long)st.accesses,
+           st.accesses ? 100.0 * (double)st.hits / (double)st.accesses : 0.0, (unsigned long long)st.expert_loads,
+           (unsigned long long)st.evictions, (double)st.bytes_read / 1e6);
+    guanaco_residency_destroy(r);
+}
+
+/* ---- injected faults ---- */
+
+static void test_faults(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    uint64_t budget = EXPERT_BYTES * N_EXPERT * 2;
+    struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    struct {
+        int error, expected;
+    } cases[] = {
+        {-EIO, -EIO},
+        {GUANACO_IO_FAULT_EOF, -ENODATA},
+        {GUANACO_IO_FAULT_SHORT, 0},
+        {-EINTR, 0},
+    };
+    uint64_t token = 0;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        uint32_t layer = (uint32_t)c < DENSE_LAYER ? (uint32_t)c : (uint32_t)c + 1;
+        /* three missing experts; the fault lands in the middle expert's second slice */
+        int32_t ids[] = {1, 5, 5, 9};
+        guanaco_residency_inject_io_fault(r, EXPERT_BYTES + stride_of_tensor[0] + 12345, cases[c].error);
+        fprintf(stderr, "(an injected read fault follows; an error line is expected when it is not retried)\n");
+        int ret = guanaco_residency_prepare_layer(r, layer, ids, 4, token++);
+        CHECK(ret == cases[c].expected);
+        verify(m, r, layer, ids, 4, budget, 0, cases[c].expected ? 5 : -1);
+        CHECK(guanaco_residency_is_resident(r, layer, 1));
+        CHECK(guanaco_residency_is_resident(r, layer, 9));
+        CHECK(guanaco_residency_is_resident(r, layer, 5) == (cases[c].expected == 0));
+        /* a later call loads it, correctly */
+        int32_t again[] = {5};
+        CHECK(guanaco_residency_prepare_layer(r, layer, again, 1, token++) == 0);
+        verify(m, r, layer, again, 1, budget, 0, -1);
+    }
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.load_failures == 2);
+    CHECK(st.accesses == st.hits + st.expert_loads + st.load_failures);
+    CHECK(st.bytes_read >= st.expert_loads * EXPERT_BYTES - 0);
+    guanaco_residency_destroy(r);
+}
+
+/* ---- the file changes underneath ---- */
+
+static void test_file_changes(enum guanaco_io_backend io) {
+    for (int kind = 0; kind < 2; kind++) {
+        struct model m;
+        if (make_model(&m, 3, kind ? "truncate" : "touch") != 0) {
+            CHECK(!"model written");
+            return;
+        }
+        struct guanaco_residency_config config = config_of(&m, EXPERT_BYTES * 8, 0, GUANACO_POLICY_LAYER_LRU, io);
+        struct guanaco_residency *r = NULL;
+        CHECK(guanaco_residency_create(&config, &r) == 0);
+        int32_t ids[] = {0, 7, 15};
+        CHECK(guanaco_residency_prepare_layer(r, 0, ids, 3, 0) == 0);
+        verify(&m, r, 0, ids, 3, EXPERT_BYTES * 8, 0, -1);
+        int wfd = open(m.path, O_WRONLY);
+        CHECK(wfd >= 0);
+        if (kind) {
+            CHECK(ftruncate(wfd, (off_t)(m.size / 2)) == 0);
+        } else {
+            struct timespec times[2] = {{.tv_sec = 1000000000, .tv_nsec = 0}, {.tv_sec = 1000000000, .tv_nsec = 0}};
+            CHECK(futimens(wfd, times) == 0);
+        }
+        close(wfd);
+        fprintf(stderr, "(a 'changed on disk' error follows)\n");
+        /* never touch the mapping from here on: pages past the new end would SIGBUS */
+        int ret = guanaco_residency_prepare_layer(r, 2, ids, 3, 1);
+        CHECK(ret == -ESTALE || ret == -ENODATA);
+        CHECK(guanaco_residency_prepare_layer(r, 1, ids, 3, 2) == -ESTALE); /* and stays so, quietly */
+        guanaco_residency_destroy(r);
+        free_model(&m);
+    }
+}
+
+/* ---- configurations and calls that must be refused ---- */
+
+static void test_bad_input(const struct model *m) {
+    struct guanaco_residency *r = NULL;
+    struct guanaco_residency_config config = config_of(m, EXPERT_BYTES * 4, 0, GUANACO_POLICY_LRU, GUANACO_IO_THREADS);
+    fprintf(stderr, "(error lines for refused configurations follow)\n");
+
+    struct guanaco_residency_tensor bad[N_TENSOR];
+    const struct guanaco_residency_tensor *per_layer[N_LAYER];
+    memcpy(per_layer, m->per_layer, sizeof(per_layer));
+    per_layer[0] = bad;
+    config.tensors_of_layer = per_layer;
+
+    memcpy(bad, m->tensors[0], sizeof(bad));
+    bad[1].file_offset = m->size - 10; /* runs past the end of the file */
+    bad[1].mapped = m->map + bad[1].file_offset;
+    CHECK(guanaco_residency_create(&config, &r) == -EINVAL && r == NULL);
+
+    memcpy(bad, m->tensors[0], sizeof(bad));
+    bad[2].mapped += 8; /* not page-congruent with its file offset */
+    CHECK(guanaco_residency_create(&config, &r) == -EINVAL && r == NULL);
+
+    memcpy(bad, m->tensors[0], sizeof(bad));
+    bad[0].expert_stride = 0;
+    CHECK(guanaco_residency_create(&config, &r) == -EINVAL && r == NULL);
+
+    memcpy(bad, m->tensors[0], sizeof(bad));
+    bad[3].file_size = m->size + 100000000; /* claims a bigger file than the disk has */
+    bad[3].file_offset = m->size + 4096 * 4 + 32;
+    bad[3].mapped = m->map + bad[3].file_offset;
+    CHECK(guanaco_residency_create(&config, &r) == -EINVAL && r == NULL);
+
+    config = config_of(m, EXPERT_BYTES * 4, 0, GUANACO_POLICY_LRU, GUANACO_IO_THREADS);
+    config.n_expert = 0;
+    CHECK(guanaco_residency_create(&config, &r) == -EINVAL && r == NULL);
+
+    config = config_of(m, EXPERT_BYTES * 4, 0, GUANACO_POLICY_LRU, GUANACO_IO_THREADS);
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    int32_t ids[] = {3, -1, 16, 3, 1000};
+    CHECK(guanaco_residency_prepare_layer(r, N_LAYER, ids, 1, 0) == -EINVAL);
+    CHECK(guanaco_residency_prepare_layer(r, DENSE_LAYER, ids, 5, 0) == 0); /* dense: nothing to do */
+    drop_whole_file(m);
+    CHECK(guanaco_residency_prepare_layer(r, 0, ids, 5, 0) == 0);
+    verify(m, r, 0, ids, 5, EXPERT_BYTES * 4, 0, -1);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.invalid_ids == 3);
+    CHECK(st.accesses == 1 && st.expert_loads == 1);
+    CHECK(guanaco_residency_prepare_layer(r, 0, NULL, 0, 1) == 0); /* no ids: nothing needed */
+    guanaco_residency_destroy(r);
+    guanaco_residency_destroy(NULL);
+}
+
+/* ---- two threads at once ---- */
+
+struct thread_job {
+    struct guanaco_residency *r;
+    uint32_t first_layer, last_layer;
+    uint64_t seed;
+    int failures;
+};
+
+static void *thread_main(void *arg) {
+    struct thread_job *job = arg;
+    uint64_t s = job->seed;
+    for (uint32_t token = 0; token < 30; token++) {
+        for (uint32_t l = job->first_layer; l <= job->last_layer; l++) {
+            int32_t ids[4];
+            for (int i = 0; i < 4; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                ids[i] = (int32_t)((s >> 33) % N_EXPERT);
+            }
+            job->failures += guanaco_residency_prepare_layer(job->r, l, ids, 4, token) != 0;
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    uint64_t budget = EXPERT_BYTES * 20;
+    struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_GUANACO, io);
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    struct thread_job jobs[2] = {{r, 0, 2, 1, 0}, {r, 4, 6, 2, 0}};
+    pthread_t threads[2];
+    for (int i = 0; i < 2; i++) {
+        pthread_create(&threads[i], NULL, thread_main, &jobs[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(threads[i], NULL);
+    }
+    CHECK(jobs[0].failures == 0 && jobs[1].failures == 0);
+    verify(m, r, UINT32_MAX, NULL, 0, budget + 4 * EXPERT_BYTES, 0, -1);
+    guanaco_residency_destroy(r);
+}
+
+int main(void) {
+    P = (uint64_t)sysconf(_SC_PAGESIZE);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* keep the report in order with the module's error lines */
+    struct model m;
+    if (make_model(&m, N_LAYER, "main") != 0) {
+        CHECK(!"model written");
+        return check_summary();
+    }
+    struct statfs fs;
+    if (fstatfs(m.fd, &fs) == 0 && (unsigned long)fs.f_type == TMPFS_MAGIC_NUMBER) {
+        /* tmpfs pages are the file: they can never leave the page cache, so nothing here would mean anything */
+        printf("SKIP: %s is on tmpfs; set TMPDIR to a directory on a disk\n", m.path);
+        free_model(&m);
+        return 77;
+    }
+    pagemap_fd = open("/proc/self/pagemap", O_RDONLY);
+    if (pagemap_fd < 0) {
+        printf("SKIP page-table checks: /proc/self/pagemap is not readable\n");
+    }
+
+    /* cold start: nothing of the file is cached */
+    {
+        size_t n_pages = (size_t)(page_up(m.size) / P), cached = 0;
+        unsigned char *vec = malloc(n_pages);
+        CHECK(mincore((void *)(uintptr_t)m.map2, m.size, vec) == 0);
+        for (size_t p = 0; p < n_pages; p++) {
+            cached += vec[p] & 1;
+        }
+        free(vec);
+        CHECK(cached == 0);
+    }
+
+    test_bad_input(&m);
+    const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
+    enum guanaco_io_backend backends[] = {GUANACO_IO_URING, GUANACO_IO_THREADS};
+    for (size_t b = 0; b < 2; b++) {
+        enum guanaco_io_backend io = backends[b];
+        struct guanaco_io *probe = NULL;
+        int ret = guanaco_io_create(io, 4, 1 << 20, &probe);
+        guanaco_io_destroy(probe);
+        if (ret == -ENOSYS) {
+            printf("SKIP %s: not available on this system\n", guanaco_io_backend_name(io));
+            continue;
+        }
+        printf("%s:\n", guanaco_io_backend_name(io));
+        /* random and skewed routing under a budget of 30% */
+        run_stream(&m, io, GUANACO_POLICY_GUANACO, all * 3 / 10, 0, 12, 1, 4, false);
+        run_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 0, 12, 2, 4, true);
+        run_stream(&m, io, GUANACO_POLICY_LRU, all / 4, 0, 8, 1, 6, false);
+        run_stream(&m, io, GUANACO_POLICY_LFU, all / 4, 0, 8, 3, 2, true);
+        /* a budget below one layer's working set: load, then evict back down */
+        run_stream(&m, io, GUANACO_POLICY_GUANACO, EXPERT_BYTES * 2, 0, 6, 4, 4, true);
+        run_stream(&m, io, GUANACO_POLICY_LRU, 0, 0, 4, 2, 4, false);
+        /* the per-layer cap, alone and with a budget */
+        run_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all, 3, 8, 1, 2, false);
+        run_stream(&m, io, GUANACO_POLICY_GUANACO, all / 5, 5, 8, 2, 4, true);
+        test_faults(&m, io);
+        test_threads(&m, io);
+        test_file_changes(io);
+    }
+    free_model(&m);
+    free(expected_content);
+    if (pagemap_fd >= 0) {
+        close(pagemap_fd);
+    }
+    return check_summary();
+}
