@@ -2,16 +2,18 @@
 # demo.sh - the README's first command: set up from nothing, write a synthetic
 # qwen3moe (Qwen3-30B-A3B layer shapes, Q8_0) that is larger than the memory
 # limit it then sets with a real cgroup, and run the patched llama-bench
-# three ways, in one run:
+# four ways, in one run:
 #   1. everything in RAM (no limit), for scale;
 #   2. plain llama.cpp inside the limit (streaming off);
-#   3. Guanaco inside the same limit (--guanaco-streaming).
+#   3. Guanaco's lazy experts inside the same limit (--guanaco-streaming);
+#   4. Guanaco's residency engine inside the same limit, budget derived from
+#      the cgroup limit (--guanaco-ram auto).
 # The model's pages are dropped from the page cache before each run, so every
 # run starts cold.
 #
 # Knobs (environment): GUANACO_DEMO_LAYERS (default 12 layers, ~7.7 GB),
 # GUANACO_DEMO_LIMIT (bytes; default half the file), GUANACO_DEMO_TOKENS
-# (decode tokens, default 8), GUANACO_DEMO_DIR (where the model is written).
+# (decode tokens, default 16), GUANACO_DEMO_DIR (where the model is written).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/scripts/setup.sh"
@@ -19,7 +21,7 @@ bash "$ROOT/scripts/setup.sh"
 BIN="$ROOT/build/cmake/bin"
 DIR=${GUANACO_DEMO_DIR:-$ROOT/build/demo}
 LAYERS=${GUANACO_DEMO_LAYERS:-12}
-TOKENS=${GUANACO_DEMO_TOKENS:-8}
+TOKENS=${GUANACO_DEMO_TOKENS:-16}
 MODEL="$DIR/qwen3moe-30b-a3b-shape-${LAYERS}L-Q8_0.gguf"
 export GUANACO_VOCAB_DIR="$ROOT/build/llama.cpp/models"
 mkdir -p "$DIR"
@@ -66,6 +68,7 @@ echo
 printf '%-34s %s\n' "run" "result"
 run "everything in RAM (no limit)" none
 run "plain llama.cpp, limit" "$LIMIT"
-run "guanaco streaming, limit" "$LIMIT" --guanaco-streaming
+run "guanaco lazy experts, limit" "$LIMIT" --guanaco-streaming
+run "guanaco residency (auto), limit" "$LIMIT" --guanaco-streaming --guanaco-ram auto
 echo
 echo "demo: full logs in $LOGS"
