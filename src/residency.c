@@ -93,7 +93,8 @@ struct guanaco_residency {
     struct guanaco_io_request *requests;
     uint32_t *request_missing; /* which missing expert (index into missing) each request belongs to */
     size_t request_capacity;
-    char *scratch; /* queue_depth chunks: the reads' destination, content discarded */
+    char *scratch; /* scratch_chunks chunks: the reads' destination, content discarded */
+    size_t scratch_chunks;
     uint32_t victim_layers[VICTIM_CAPACITY];
     uint32_t victim_experts[VICTIM_CAPACITY];
     unsigned char *audit_vector;
@@ -295,7 +296,12 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->request_capacity = (size_t)most_requests;
     r->requests = calloc(most_requests ? most_requests : 1, sizeof(*r->requests));
     r->request_missing = calloc(most_requests ? most_requests : 1, sizeof(*r->request_missing));
-    r->scratch = malloc((size_t)r->queue_depth * GUANACO_RESIDENCY_CHUNK_BYTES);
+    /* Never more than one call can use: a small model does not pay for the default. */
+    uint64_t scratch_bytes = config->scratch_bytes ? config->scratch_bytes : GUANACO_RESIDENCY_SCRATCH_BYTES;
+    uint64_t chunks = scratch_bytes / GUANACO_RESIDENCY_CHUNK_BYTES;
+    chunks = chunks < r->request_capacity ? chunks : r->request_capacity;
+    r->scratch_chunks = chunks ? (size_t)chunks : 1;
+    r->scratch = malloc(r->scratch_chunks * (size_t)GUANACO_RESIDENCY_CHUNK_BYTES);
     if (!r->requests || !r->request_missing || !r->scratch) {
         err = -ENOMEM;
         goto fail;
@@ -465,8 +471,9 @@ static int populate(struct guanaco_residency *r, const char *start, uint64_t len
 }
 
 /*
- * Reads the n missing experts of `layer` into the page cache in one batch
- * (every slice at once, so the queue stays full), then populates the mapping
+ * Reads the n missing experts of `layer` into the page cache, every slice of
+ * every expert in one batch when the scratch holds them (so the queue stays
+ * full), in batches of the scratch's size otherwise; then populates the mapping
  * for each expert whose reads all succeeded. Marks the successes loaded and
  * sets missing_error[i] for each failure. Returns the first error.
  */
@@ -480,21 +487,25 @@ static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n) {
             uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
             for (uint64_t done = 0; done < t->stride; done += GUANACO_RESIDENCY_CHUNK_BYTES) {
                 uint64_t left = t->stride - done;
-                /* Requests in flight together get different scratch chunks; the data is never looked at. */
+                /* Each request of a batch has its own scratch chunk; the data is never looked at. */
                 r->requests[n_requests] = (struct guanaco_io_request){
                     .fd = t->fd,
                     .offset = a + done,
                     .length = left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
-                    .destination = r->scratch + (n_requests % r->queue_depth) * (size_t)GUANACO_RESIDENCY_CHUNK_BYTES,
+                    .destination = r->scratch + (n_requests % r->scratch_chunks) * (size_t)GUANACO_RESIDENCY_CHUNK_BYTES,
                 };
                 r->request_missing[n_requests++] = (uint32_t)i;
             }
         }
     }
-    uint64_t start = now_ns();
-    (void)guanaco_io_read_batch(r->io, r->requests, n_requests); /* per-request results below */
+    uint64_t read_start = now_ns();
+    /* As many requests per batch as the scratch holds: reads in flight never share a destination. */
+    for (size_t first = 0; first < n_requests; first += r->scratch_chunks) {
+        size_t count = n_requests - first < r->scratch_chunks ? n_requests - first : r->scratch_chunks;
+        (void)guanaco_io_read_batch(r->io, r->requests + first, count); /* per-request results below */
+    }
     uint64_t read_end = now_ns();
-    r->stats.read_ns += read_end - start;
+    r->stats.read_ns += read_end - read_start;
     r->stats.reads_issued += n_requests;
     int first_error = 0;
     for (size_t q = 0; q < n_requests; q++) {
@@ -517,6 +528,7 @@ static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n) {
         for (uint32_t k = 0; k < l->n_tensors && r->missing_error[i] == 0; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
+            /* outward: the edge pages hold our bytes too */
             uint64_t start = page_down(r, a), end = page_up(r, a + t->stride);
             int err = populate(r, address_of(t, start), end - start);
             if (err) {

@@ -24,11 +24,12 @@
  * routes to in that layer times the layer's expert bytes. Resident expert
  * bytes (the accounting) after prepare_layer are <= max(budget, W of the
  * layer just prepared). During a call the missing experts are read before
- * eviction, so the worst case is budget + W (or 2W when W > budget). Page
+ * eviction, so the peak is max(budget, W) + W with W the largest layer's
+ * working set: budget + W whenever the budget holds one working set. Page
  * rounding adds at most 2 pages per resident slice, plus the 2 pages per
- * expert tensor above. The engine itself holds a scratch buffer of
- * queue_depth MiB that the reads land in (their content is discarded: only
- * the page cache fill matters).
+ * expert tensor above. The engine itself holds a scratch buffer of up to
+ * scratch_bytes that the reads land in (their content is discarded: only the
+ * page cache fill matters).
  *
  * A read error, a short file (-ENODATA) or a failed populate returns the
  * error from prepare_layer and leaves that expert non-resident (in the
@@ -56,8 +57,11 @@
 #include "io.h"
 #include "policy.h"
 
-/* Reads are cut into chunks of this size; the scratch buffer is queue_depth of them. */
+/* Reads are cut into chunks of this size. */
 #define GUANACO_RESIDENCY_CHUNK_BYTES (1u << 20)
+/* The reads' destination (content discarded) by default: one batch of reads is as many chunks as
+   fit (at least one), and it is never larger than what one call can read. */
+#define GUANACO_RESIDENCY_SCRATCH_BYTES (64u << 20)
 /* queue_depth when the config leaves it 0. */
 #define GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH 16u
 
@@ -78,6 +82,7 @@ struct guanaco_residency_config {
     enum guanaco_policy_kind policy;
     enum guanaco_io_backend io_backend;
     unsigned queue_depth;           /* 0 = GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH */
+    uint64_t scratch_bytes;         /* 0 = GUANACO_RESIDENCY_SCRATCH_BYTES; below queue_depth MiB starves the queue */
 };
 
 struct guanaco_residency_stats {

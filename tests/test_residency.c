@@ -88,9 +88,29 @@ static uint64_t slice_begin(const struct model *m, uint32_t layer, uint32_t t, u
     return m->offset[layer][t] + (uint64_t)e * stride_of_tensor[t];
 }
 
+static size_t cached_pages(const struct model *m) {
+    size_t n_pages = (size_t)(page_up(m->size) / P), cached = 0;
+    unsigned char *vec = malloc(n_pages);
+    if (mincore((void *)(uintptr_t)m->map2, m->size, vec) != 0) {
+        free(vec);
+        return SIZE_MAX;
+    }
+    for (size_t p = 0; p < n_pages; p++) {
+        cached += vec[p] & 1;
+    }
+    free(vec);
+    return cached;
+}
+
+/* Every scenario starts cold: nothing of the file in the page cache or our page tables. */
 static void drop_whole_file(const struct model *m) {
-    madvise((void *)(uintptr_t)m->map, m->size, MADV_DONTNEED);
-    posix_fadvise(m->fd, 0, 0, POSIX_FADV_DONTNEED);
+    CHECK(madvise((void *)(uintptr_t)m->map, m->size, MADV_DONTNEED) == 0);
+    CHECK(posix_fadvise(m->fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+    size_t left = cached_pages(m);
+    if (left != 0) {
+        fprintf(stderr, "%zu pages of %s still cached after dropping the whole file\n", left, m->path);
+    }
+    CHECK(left == 0);
 }
 
 /* Lays out n_layer layers: a header page, then per layer a dense blob and its expert tensors. */
@@ -380,9 +400,11 @@ static size_t draw_ids(int32_t *ids, uint32_t n_tokens, uint32_t k, bool skewed)
 }
 
 static void run_stream(const struct model *m, enum guanaco_io_backend io, enum guanaco_policy_kind policy,
-                       uint64_t budget, uint32_t cap, uint32_t tokens, uint32_t batch, uint32_t k, bool skewed) {
+                       uint64_t budget, uint32_t cap, uint32_t tokens, uint32_t batch, uint32_t k, bool skewed,
+                       uint64_t scratch_bytes) {
     drop_whole_file(m);
     struct guanaco_residency_config config = config_of(m, budget, cap, policy, io);
+    config.scratch_bytes = scratch_bytes;
     struct guanaco_residency *r = NULL;
     int ret = guanaco_residency_create(&config, &r);
     CHECK(ret == 0);
@@ -417,11 +439,15 @@ static void run_stream(const struct model *m, enum guanaco_io_backend io, enum g
     CHECK(st.expert_loads >= st.evictions);
     CHECK(st.peak_resident_bytes >= st.resident_bytes);
     CHECK(st.stall_ns > 0);
-    printf("  %-8s %-9s budget %5.1f%% cap %2u batch %u top-%u %s: %llu accesses, %.0f%% hits, %llu loads, "
+    char scratch[32] = "default scratch";
+    if (scratch_bytes) {
+        snprintf(scratch, sizeof(scratch), "%llu MiB scratch", (unsigned long long)(scratch_bytes >> 20));
+    }
+    printf("  %-8s %-9s budget %5.1f%% cap %2u batch %u top-%u %-7s %s: %llu accesses, %.0f%% hits, %llu loads, "
            "%llu evictions, %.1f MB read\n",
            guanaco_io_backend_name(io), guanaco_policy_kind_name(policy),
            100.0 * (double)budget / (double)(EXPERT_BYTES * N_EXPERT * (m->n_layer - 1)), cap, batch, k,
-           skewed ? "skewed" : "uniform", (unsigned long long)st.accesses,
+           skewed ? "skewed" : "uniform", scratch, (unsigned long long)st.accesses,
            st.accesses ? 100.0 * (double)st.hits / (double)st.accesses : 0.0, (unsigned long long)st.expert_loads,
            (unsigned long long)st.evictions, (double)st.bytes_read / 1e6);
     guanaco_residency_destroy(r);
@@ -626,18 +652,6 @@ int main(void) {
         printf("SKIP page-table checks: /proc/self/pagemap is not readable\n");
     }
 
-    /* cold start: nothing of the file is cached */
-    {
-        size_t n_pages = (size_t)(page_up(m.size) / P), cached = 0;
-        unsigned char *vec = malloc(n_pages);
-        CHECK(mincore((void *)(uintptr_t)m.map2, m.size, vec) == 0);
-        for (size_t p = 0; p < n_pages; p++) {
-            cached += vec[p] & 1;
-        }
-        free(vec);
-        CHECK(cached == 0);
-    }
-
     test_bad_input(&m);
     const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
     enum guanaco_io_backend backends[] = {GUANACO_IO_URING, GUANACO_IO_THREADS};
@@ -652,16 +666,16 @@ int main(void) {
         }
         printf("%s:\n", guanaco_io_backend_name(io));
         /* random and skewed routing under a budget of 30% */
-        run_stream(&m, io, GUANACO_POLICY_GUANACO, all * 3 / 10, 0, 12, 1, 4, false);
-        run_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 0, 12, 2, 4, true);
-        run_stream(&m, io, GUANACO_POLICY_LRU, all / 4, 0, 8, 1, 6, false);
-        run_stream(&m, io, GUANACO_POLICY_LFU, all / 4, 0, 8, 3, 2, true);
+        run_stream(&m, io, GUANACO_POLICY_GUANACO, all * 3 / 10, 0, 12, 1, 4, false, 0);
+        run_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 0, 12, 2, 4, true, 3 << 20); /* several batches */
+        run_stream(&m, io, GUANACO_POLICY_LRU, all / 4, 0, 8, 1, 6, false, 0);
+        run_stream(&m, io, GUANACO_POLICY_LFU, all / 4, 0, 8, 3, 2, true, 0);
         /* a budget below one layer's working set: load, then evict back down */
-        run_stream(&m, io, GUANACO_POLICY_GUANACO, EXPERT_BYTES * 2, 0, 6, 4, 4, true);
-        run_stream(&m, io, GUANACO_POLICY_LRU, 0, 0, 4, 2, 4, false);
+        run_stream(&m, io, GUANACO_POLICY_GUANACO, EXPERT_BYTES * 2, 0, 6, 4, 4, true, 0);
+        run_stream(&m, io, GUANACO_POLICY_LRU, 0, 0, 4, 2, 4, false, 0);
         /* the per-layer cap, alone and with a budget */
-        run_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all, 3, 8, 1, 2, false);
-        run_stream(&m, io, GUANACO_POLICY_GUANACO, all / 5, 5, 8, 2, 4, true);
+        run_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all, 3, 8, 1, 2, false, 0);
+        run_stream(&m, io, GUANACO_POLICY_GUANACO, all / 5, 5, 8, 2, 4, true, 0);
         test_faults(&m, io);
         test_threads(&m, io);
         test_file_changes(io);
