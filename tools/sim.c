@@ -17,6 +17,7 @@
 #include "policy.h"
 #include "simulate.h"
 #include "trace.h"
+#include "cli.h"
 
 #include <errno.h>
 #include <math.h>
@@ -656,15 +657,7 @@ static int parse_positive(const char *flag, const char *text, double *out) {
 }
 
 static int parse_whole(const char *flag, const char *text, unsigned long max, unsigned long *out) {
-    char *end = NULL;
-    errno = 0;
-    unsigned long value = strtoul(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || text[0] == '-' || value == 0 || value > max) {
-        fprintf(stderr, PROG ": %s needs a whole number from 1 to %lu, not \"%s\"\n", flag, max, text);
-        return -EINVAL;
-    }
-    *out = value;
-    return 0;
+    return guanaco_cli_parse_whole(PROG, flag, text, max, out);
 }
 
 /* 0 on success, 2 for a usage error (after its message), -1 when --help was printed. */

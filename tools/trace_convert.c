@@ -7,6 +7,7 @@
 #include "log.h"
 #include "trace.h"
 #include "trace_jsonl.h"
+#include "cli.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -30,15 +31,12 @@ static void print_usage(FILE *out) {
 
 /* A whole number in [1, max]; anything else is an error naming the flag. */
 static int parse_count(const char *flag, const char *text, unsigned long max, uint32_t *out) {
-    char *end = NULL;
-    errno = 0;
-    unsigned long value = strtoul(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || text[0] == '-' || value == 0 || value > max) {
-        fprintf(stderr, PROG ": %s needs a whole number from 1 to %lu, not \"%s\"\n", flag, max, text);
-        return -EINVAL;
+    unsigned long value;
+    int err = guanaco_cli_parse_whole(PROG, flag, text, max, &value);
+    if (err == 0) {
+        *out = (uint32_t)value;
     }
-    *out = (uint32_t)value;
-    return 0;
+    return err;
 }
 
 int main(int argc, char **argv) {
