@@ -40,7 +40,14 @@ enum guanaco_readahead {
     GUANACO_READAHEAD_SEQUENTIAL = 2, /* MADV_SEQUENTIAL: aggressive readahead */
 };
 
+/* How the residency engine makes a missing expert's bytes resident. */
+enum guanaco_load_mode {
+    GUANACO_LOAD_PAGE_CACHE = 0, /* buffered reads fill the page cache, MADV_POPULATE_READ maps them */
+    GUANACO_LOAD_DIRECT = 1,     /* O_DIRECT reads into anonymous pages moved over the expert's range */
+};
+
 #define GUANACO_PATH_BYTES 4096
+#define GUANACO_DEFAULT_STATUS_EVERY 32u
 
 struct guanaco_options {
     bool streaming;                   /* --guanaco-streaming */
@@ -53,6 +60,8 @@ struct guanaco_options {
     uint32_t max_experts;  /* --guanaco-max-experts; 0 = no cap */
     int policy;            /* --guanaco-policy: an enum guanaco_policy_kind */
     int io;                /* --guanaco-io: an enum guanaco_io_backend */
+    enum guanaco_load_mode load; /* --guanaco-load */
+    uint32_t status_every; /* --guanaco-status-every: tokens between status lines */
 };
 
 /*

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *readahead_name(enum guanaco_readahead readahead) {
@@ -28,6 +29,61 @@ static const char *readahead_name(enum guanaco_readahead readahead) {
 }
 
 static double gib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static const char *load_name(enum guanaco_residency_load load) {
+    return load == GUANACO_RESIDENCY_LOAD_DIRECT ? "direct" : "page-cache";
+}
+
+static double percent(uint64_t part, uint64_t whole) { return whole ? 100.0 * (double)part / (double)whole : 0.0; }
+
+/*
+ * One residency line over the interval from `before` to `now` (before zeroed: since the start), `tokens`
+ * tokens long. The definitions are the README's ("The Guanaco lines").
+ */
+static void log_residency(const char *what, const struct guanaco_residency_stats *now,
+                          const struct guanaco_residency_stats *before, uint64_t tokens, const char *tail) {
+    uint64_t accesses = now->accesses - before->accesses, hits = now->hits - before->hits;
+    uint64_t loads = now->expert_loads - before->expert_loads, bytes = now->bytes_read - before->bytes_read;
+    uint64_t read_ns = now->read_ns - before->read_ns, stall_ns = now->stall_ns - before->stall_ns;
+    uint64_t evictions = now->evictions - before->evictions, churn = now->churn_loads - before->churn_loads;
+    guanaco_log_info("%s: %llu tokens, resident %.1f%% of %llu accesses, hot-pinned %.1f%%, %llu loads, "
+                     "%.2f GiB read at %.2f GB/s, stall %.1f ms/token, %llu evictions, churn %.1f%% "
+                     "(reloaded within %u tokens)%s",
+                     what, (unsigned long long)tokens, percent(hits, accesses), (unsigned long long)accesses,
+                     percent(now->pinned_hits - before->pinned_hits, accesses), (unsigned long long)loads, gib(bytes),
+                     read_ns ? (double)bytes / (double)read_ns : 0.0, tokens ? (double)stall_ns / 1e6 / (double)tokens : 0.0,
+                     (unsigned long long)evictions, percent(churn, evictions), GUANACO_RESIDENCY_CHURN_TOKENS, tail);
+}
+
+/* Every status_every tokens through the last MoE layer: the interval's line plus a RAM check by mincore. */
+static void maybe_log_status(struct guanaco_engine *engine, uint64_t done_before, uint64_t done_after) {
+    uint64_t every = engine->options.status_every ? engine->options.status_every : GUANACO_DEFAULT_STATUS_EVERY;
+    if (!engine->residency || done_before / every == done_after / every || !guanaco_log_enabled() ||
+        pthread_mutex_trylock(&engine->status_lock) != 0) {
+        return; /* another context is printing this interval's line */
+    }
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(engine->residency, &st);
+    uint64_t mapped = 0;
+    char tail[200] = "";
+    if (guanaco_residency_audit(engine->residency, &mapped) == 0) {
+        snprintf(tail, sizeof(tail), "; RAM: accounted %.1f MiB, mincore %.1f MiB", (double)st.resident_bytes / 1048576.0,
+                 (double)mapped / 1048576.0);
+    }
+    char what[64];
+    snprintf(what, sizeof(what), "status at token %llu", (unsigned long long)done_after);
+    log_residency(what, &st, &engine->status_last, done_after - engine->status_last_tokens, tail);
+    engine->status_last = st;
+    engine->status_last_tokens = done_after;
+    engine->status_last_ns = now_ns();
+    pthread_mutex_unlock(&engine->status_lock);
+}
 
 /* Index a replay trace by layer so each context can walk one layer's routing in order. */
 static int index_replay(struct guanaco_engine *engine) {
@@ -131,7 +187,11 @@ int guanaco_engine_open(const char *path, const char *const *split_paths, size_t
     }
     for (size_t i = 0; i < m->n_tensors; i++) {
         engine->moe_layer_of[m->tensors[i].layer] = 1;
+        if (m->tensors[i].layer > engine->last_moe_layer) {
+            engine->last_moe_layer = m->tensors[i].layer;
+        }
     }
+    pthread_mutex_init(&engine->status_lock, NULL);
     if (!dry_run && (err = open_traces(engine)) < 0) {
         engine->dry_run = true; /* nothing ran: no summary */
         guanaco_engine_close(engine);
@@ -241,20 +301,34 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     const struct guanaco_manifest *m = &engine->manifest;
     const struct guanaco_options *o = &engine->options;
     engine->shard_fds = malloc((size_t)m->n_shards * sizeof(int));
+    engine->shard_direct_fds = malloc((size_t)m->n_shards * sizeof(int));
     engine->residency_tensors = calloc((size_t)m->n_layer, sizeof(*engine->residency_tensors));
     engine->residency_tensors_in_layer = calloc((size_t)m->n_layer, sizeof(uint32_t));
-    if (!engine->shard_fds || !engine->residency_tensors || !engine->residency_tensors_in_layer) {
+    if (!engine->shard_fds || !engine->shard_direct_fds || !engine->residency_tensors ||
+        !engine->residency_tensors_in_layer) {
         return -ENOMEM;
     }
     for (int s = 0; s < m->n_shards; s++) {
         engine->shard_fds[s] = -1;
+        engine->shard_direct_fds[s] = -1;
     }
+    enum guanaco_residency_load load =
+        o->load == GUANACO_LOAD_DIRECT ? GUANACO_RESIDENCY_LOAD_DIRECT : GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
     for (int s = 0; s < m->n_shards; s++) {
         engine->shard_fds[s] = open(m->shard_paths[s], O_RDONLY | O_CLOEXEC);
         if (engine->shard_fds[s] < 0) {
             int err = -errno;
             guanaco_log_error("%s: %s", m->shard_paths[s], strerror(-err));
             return err;
+        }
+        if (load == GUANACO_RESIDENCY_LOAD_DIRECT) {
+            engine->shard_direct_fds[s] = open(m->shard_paths[s], O_RDONLY | O_DIRECT | O_CLOEXEC);
+            if (engine->shard_direct_fds[s] < 0) {
+                /* tmpfs and some network file systems refuse O_DIRECT: the page cache path works everywhere */
+                guanaco_log_info("%s cannot be opened with O_DIRECT (%s): using page-cache loading",
+                                 m->shard_paths[s], strerror(errno));
+                load = GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
+            }
         }
     }
     for (size_t i = 0; i < m->n_tensors; i++) {
@@ -277,6 +351,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         struct guanaco_residency_tensor *r =
             &engine->residency_tensors[e->layer][engine->residency_tensors_in_layer[e->layer]++];
         r->fd = engine->shard_fds[e->shard];
+        r->direct_fd = engine->shard_direct_fds[e->shard];
         r->file_offset = e->file_offset;
         r->expert_stride = e->expert_stride;
         r->mapped = mapping_base[e->shard] + e->file_offset;
@@ -294,6 +369,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .policy = (enum guanaco_policy_kind)o->policy,
         .io_backend = (enum guanaco_io_backend)o->io,
         .queue_depth = 16,
+        .load = load,
     };
     int err = guanaco_residency_create(&config, &engine->residency);
     if (err == -ENOSYS && config.io_backend == GUANACO_IO_URING) {
@@ -304,10 +380,17 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     if (err < 0) {
         return err;
     }
+    if ((err = guanaco_residency_drop_unaccounted(engine->residency)) < 0) {
+        return err;
+    }
+    struct guanaco_residency_stats started;
+    guanaco_residency_get_stats(engine->residency, &started);
     guanaco_log_info("residency: budget %.2f GiB of %.2f GiB expert weights (%.0f%%), max %u experts per layer, "
-                     "policy %s, io %s",
+                     "policy %s, io %s, load %s, status every %u tokens",
                      gib(budget), gib(m->expert_bytes), 100.0 * (double)budget / (double)m->expert_bytes,
-                     o->max_experts, guanaco_policy_kind_name(config.policy), guanaco_io_backend_name(config.io_backend));
+                     o->max_experts, guanaco_policy_kind_name(config.policy), guanaco_io_backend_name(config.io_backend),
+                     load_name(started.load), o->status_every);
+    engine->status_last_ns = now_ns();
     return 0;
 }
 
@@ -386,6 +469,14 @@ void guanaco_engine_count_routing(struct guanaco_engine *engine, int layer, cons
         atomic_fetch_add_explicit(&row[id], 1, memory_order_relaxed);
     }
     atomic_fetch_add_explicit(&engine->routed_tokens, (uint64_t)n_tokens, memory_order_relaxed);
+    if (layer == engine->last_moe_layer) {
+        uint64_t before = atomic_fetch_add(&engine->tokens_done, (uint64_t)n_tokens);
+        if (before == 0 && engine->residency) {
+            /* the first pass faulted the other weights in, with readahead into expert ranges */
+            (void)guanaco_residency_drop_unaccounted(engine->residency);
+        }
+        maybe_log_status(engine, before, before + (uint64_t)n_tokens);
+    }
     atomic_fetch_add_explicit(&engine->router_calls, 1, memory_order_relaxed);
     if (invalid) {
         atomic_fetch_add_explicit(&engine->invalid_ids, invalid, memory_order_relaxed);
@@ -476,17 +567,10 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
     if (engine->residency) {
         struct guanaco_residency_stats st;
         guanaco_residency_get_stats(engine->residency, &st);
-        guanaco_log_info("residency: %.1f%% of %llu expert accesses resident, %llu expert loads, %.2f GiB read "
-                         "(%.2f GB/s while stalled), %llu evictions, stall %.1f ms per token, peak %.2f GiB resident",
-                         st.accesses ? 100.0 * (double)st.hits / (double)st.accesses : 0.0,
-                         (unsigned long long)st.accesses, (unsigned long long)st.expert_loads, gib(st.bytes_read),
-                         st.stall_ns ? (double)st.bytes_read / (double)st.stall_ns : 0.0,
-                         (unsigned long long)st.evictions,
-                         atomic_load(&engine->routed_tokens) && engine->manifest.n_moe_layers
-                             ? (double)st.stall_ns / 1e6 /
-                                   ((double)atomic_load(&engine->routed_tokens) / engine->manifest.n_moe_layers)
-                             : 0.0,
-                         gib(st.peak_resident_bytes));
+        char tail[160];
+        snprintf(tail, sizeof(tail), ", peak %.2f GiB resident, %llu failed loads, load %s", gib(st.peak_resident_bytes),
+                 (unsigned long long)st.load_failures, load_name(st.load));
+        log_residency("residency", &st, &(struct guanaco_residency_stats){0}, atomic_load(&engine->tokens_done), tail);
         guanaco_residency_destroy(engine->residency);
     }
     for (int s = 0; engine->shard_fds && s < engine->manifest.n_shards; s++) {
@@ -495,6 +579,12 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
         }
     }
     free(engine->shard_fds);
+    for (int s = 0; engine->shard_direct_fds && s < engine->manifest.n_shards; s++) {
+        if (engine->shard_direct_fds[s] >= 0) {
+            close(engine->shard_direct_fds[s]);
+        }
+    }
+    free(engine->shard_direct_fds);
     for (int layer = 0; engine->residency_tensors && layer < engine->manifest.n_layer; layer++) {
         free(engine->residency_tensors[layer]);
     }

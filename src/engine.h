@@ -10,6 +10,7 @@
 #include "residency.h"
 #include "trace.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 struct guanaco_engine {
@@ -34,6 +35,12 @@ struct guanaco_engine {
     int *shard_fds;                            /* residency reads: one O_RDONLY fd per shard */
     struct guanaco_residency_tensor **residency_tensors; /* per layer, for the residency config */
     uint32_t *residency_tensors_in_layer;
+    int *shard_direct_fds;                     /* --guanaco-load direct: O_DIRECT fds, else -1 */
+    int last_moe_layer;                        /* a token is done when it leaves this layer */
+    _Atomic uint64_t tokens_done;              /* tokens through the last MoE layer, all contexts */
+    pthread_mutex_t status_lock;               /* one status line at a time, and status_last */
+    struct guanaco_residency_stats status_last; /* at the previous status line */
+    uint64_t status_last_tokens, status_last_ns;
 };
 
 /* Record one router decision of context `sequence` to --guanaco-trace-out, if on. */

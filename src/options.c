@@ -32,6 +32,8 @@ static const char *const readahead_choices[] = {"random", "normal", "sequential"
 /* Index = enum guanaco_policy_kind and enum guanaco_io_backend (src/policy.h, src/io.h). */
 static const char *const policy_choices[] = {"lru", "lfu", "layer-lru", "guanaco", NULL};
 static const char *const io_choices[] = {"uring", "threads", NULL};
+/* Index = enum guanaco_load_mode (guanaco.h). */
+static const char *const load_choices[] = {"page-cache", "direct", NULL};
 
 #define MAX_EXPERTS_LIMIT 65536
 #define RAM_MIN_BYTES (1ull << 20)
@@ -39,7 +41,7 @@ static const char *const io_choices[] = {"uring", "threads", NULL};
 
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
-    OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_COUNT
+    OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -60,7 +62,12 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_POLICY] = {"guanaco-policy", "GUANACO_POLICY", OPTION_CHOICE, policy_choices,
                        "replacement policy of the residency engine (default: layer-lru, measured)"},
     [OPTION_IO] = {"guanaco-io", "GUANACO_IO", OPTION_CHOICE, io_choices,
-                   "how expert reads are issued (default: uring, measured faster)"},
+                   "how expert reads are issued (default: uring, measured faster; GUANACO_IO_URING=0 means threads)"},
+    [OPTION_LOAD] = {"guanaco-load", "GUANACO_LOAD", OPTION_CHOICE, load_choices,
+                     "how a missing expert is made resident: page-cache (buffered reads, then mapped) or direct "
+                     "(O_DIRECT into anonymous pages placed over the mapping) (default: direct, measured faster)"},
+    [OPTION_STATUS_EVERY] = {"guanaco-status-every", "GUANACO_STATUS_EVERY", OPTION_NUMBER, NULL,
+                             "print a residency status line every N decoded tokens (default: 32)"},
 };
 
 struct option_state {
@@ -80,6 +87,7 @@ static int default_value(enum option_id id) {
     case OPTION_LOG: return 1;
     case OPTION_POLICY: return 2; /* layer-lru: best or tied on the real Mixtral traces (guanaco-sim) */
     case OPTION_IO: return 0;     /* uring */
+    case OPTION_LOAD: return GUANACO_LOAD_DIRECT; /* measured faster: README "Making experts resident" */
     default: return 0;
     }
 }
@@ -199,6 +207,21 @@ static int read_env(enum option_id id, int *value, uint64_t *number, char *path,
     return 0;
 }
 
+/* GUANACO_IO_URING=0 is the documented switch to the thread pool; GUANACO_IO and the flag win over it. */
+static int read_io_uring_switch(int *io) {
+    static const struct option_spec spec = {"guanaco-io-uring", "GUANACO_IO_URING", OPTION_BOOL, NULL, ""};
+    const char *text = getenv(spec.env);
+    int on = 1;
+    if (!text || !text[0]) {
+        return 0;
+    }
+    if (parse_value(&spec, spec.env, text, &on, &(uint64_t){0}) < 0) {
+        return -EINVAL;
+    }
+    *io = on ? 0 : 1; /* io_choices: uring, threads */
+    return 0;
+}
+
 int guanaco_options_get(struct guanaco_options *out) {
     int value[OPTION_COUNT];
     uint64_t number[OPTION_COUNT] = {0};
@@ -221,6 +244,9 @@ int guanaco_options_get(struct guanaco_options *out) {
         if (rc < 0 || !found) {
             value[id] = default_value((enum option_id)id);
         }
+        if (rc == 0 && !found && id == OPTION_IO && (rc = read_io_uring_switch(&value[id])) < 0) {
+            err = rc;
+        }
     }
     snprintf(out->trace_out, sizeof(out->trace_out), "%s", path[OPTION_TRACE_OUT]);
     snprintf(out->trace_replay, sizeof(out->trace_replay), "%s", path[OPTION_TRACE_REPLAY]);
@@ -233,6 +259,8 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->max_experts = value[OPTION_MAX_EXPERTS] ? (uint32_t)number[OPTION_MAX_EXPERTS] : 0;
     out->policy = value[OPTION_POLICY];
     out->io = value[OPTION_IO];
+    out->load = (enum guanaco_load_mode)value[OPTION_LOAD];
+    out->status_every = value[OPTION_STATUS_EVERY] ? (uint32_t)number[OPTION_STATUS_EVERY] : GUANACO_DEFAULT_STATUS_EVERY;
     guanaco_log_set_enabled(out->log);
     return err;
 }

@@ -42,9 +42,14 @@
 #define AUDIT_PAGES 4096
 /* A populate interrupted this many times in a row is reported, not retried forever. */
 #define POPULATE_RETRIES 100
+/* Pages per edge read slot: a slice with no whole page inside spans at most two. */
+#define EDGE_SLOT_PAGES 2
+/* VMAs left to the rest of the process when LOAD_DIRECT sizes its worst case against vm.max_map_count. */
+#define VMA_RESERVE 8192
 
 struct tensor {
     int fd;
+    int direct_fd; /* -1 unless LOAD_DIRECT */
     uint32_t shard;
     uint64_t begin;  /* file offset of expert 0 */
     uint64_t end;    /* one past the last expert's last byte */
@@ -79,8 +84,11 @@ struct guanaco_residency {
     struct guanaco_policy *policy;
     struct guanaco_io *io;
     enum guanaco_io_backend io_backend;
+    enum guanaco_residency_load load;
+    uint32_t max_tensors_in_layer;
 
     uint8_t *loaded; /* n_layer * n_expert: resident in the accounting (mirrors the policy) */
+    uint64_t *evicted_at; /* n_layer * n_expert: token + 1 of the last eviction, 0 = never; for churn */
 
     /* per-call scratch, sized at create */
     uint64_t call;
@@ -95,6 +103,10 @@ struct guanaco_residency {
     size_t request_capacity;
     char *scratch; /* scratch_chunks chunks: the reads' destination, content discarded */
     size_t scratch_chunks;
+    /* LOAD_DIRECT: per (missing expert, tensor) the anonymous buffer its interior pages are read into, and
+       two EDGE_SLOT_PAGES slots each for its partial edge pages (content discarded: the page cache is the point) */
+    char **staging;
+    char *edge_scratch;
     uint32_t victim_layers[VICTIM_CAPACITY];
     uint32_t victim_experts[VICTIM_CAPACITY];
     unsigned char *audit_vector;
@@ -124,6 +136,53 @@ static const char *address_of(const struct tensor *t, uint64_t offset) {
 }
 
 /* ---- create / destroy ---- */
+
+static long read_long_file(const char *path) {
+    FILE *f = fopen(path, "r");
+    long value = -1;
+    if (f) {
+        if (fscanf(f, "%ld", &value) != 1) {
+            value = -1;
+        }
+        fclose(f);
+    }
+    return value;
+}
+
+/*
+ * LOAD_DIRECT needs an O_DIRECT fd per tensor and room for its VMAs: each
+ * resident slice can split the file mapping into two more. The worst case
+ * is every expert of every layer resident at once; when that does not fit
+ * under vm.max_map_count the engine uses PAGE_CACHE, which adds none.
+ */
+static int choose_load(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
+    r->load = GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
+    if (config->load != GUANACO_RESIDENCY_LOAD_DIRECT) {
+        return 0;
+    }
+    for (uint32_t i = 0; i < r->n_tensors; i++) {
+        if (r->tensors[i].direct_fd < 0) {
+            guanaco_log_error("residency: direct loading needs an O_DIRECT fd for every expert tensor");
+            return -EINVAL;
+        }
+    }
+    long max_map_count = read_long_file("/proc/sys/vm/max_map_count");
+    uint64_t worst_vmas = 2ull * r->n_tensors * r->n_expert;
+    if (max_map_count > 0 && worst_vmas + VMA_RESERVE > (uint64_t)max_map_count) {
+        guanaco_log_info("residency: direct loading could need %llu memory mappings, more than vm.max_map_count "
+                         "(%ld) allows: using page-cache loading",
+                         (unsigned long long)worst_vmas, max_map_count);
+        return 0;
+    }
+    size_t slots = (size_t)r->n_expert * r->max_tensors_in_layer;
+    r->staging = calloc(slots ? slots : 1, sizeof(*r->staging));
+    r->edge_scratch = malloc((slots ? slots : 1) * 2 * EDGE_SLOT_PAGES * r->page);
+    if (!r->staging || !r->edge_scratch) {
+        return -ENOMEM;
+    }
+    r->load = GUANACO_RESIDENCY_LOAD_DIRECT;
+    return 0;
+}
 
 static int add_shard(struct guanaco_residency *r, int fd, uint32_t *index) {
     for (uint32_t s = 0; s < r->n_shards; s++) {
@@ -190,6 +249,9 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->layers);
     free(r->shards);
     free(r->loaded);
+    free(r->evicted_at);
+    free(r->staging); /* load_experts never leaves a buffer in it */
+    free(r->edge_scratch);
     free(r->seen_call);
     free(r->distinct);
     free(r->missing);
@@ -239,6 +301,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->layers = calloc(r->n_layer, sizeof(*r->layers));
     r->shards = calloc(n_tensors ? n_tensors : 1, sizeof(*r->shards));
     r->loaded = calloc(slots, 1);
+    r->evicted_at = calloc(slots, sizeof(*r->evicted_at));
     r->seen_call = calloc(r->n_expert, sizeof(*r->seen_call));
     r->distinct = calloc(r->n_expert, sizeof(*r->distinct));
     r->missing = calloc(r->n_expert, sizeof(*r->missing));
@@ -247,7 +310,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->policy_missing = calloc(r->n_expert, sizeof(*r->policy_missing));
     r->audit_vector = malloc(AUDIT_PAGES);
     uint64_t *expert_bytes = calloc(r->n_layer, sizeof(*expert_bytes));
-    if (!r->tensors || !r->layers || !r->shards || !r->loaded || !r->seen_call || !r->distinct || !r->missing ||
+    if (!r->tensors || !r->layers || !r->shards || !r->loaded || !r->evicted_at || !r->seen_call || !r->distinct || !r->missing ||
         !r->missing_error || !r->accessed || !r->policy_missing || !r->audit_vector || !expert_bytes) {
         err = -ENOMEM;
         goto fail;
@@ -271,6 +334,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
             }
             const struct shard *sh = &r->shards[own->shard];
             own->fd = t->fd;
+            own->direct_fd = config->load == GUANACO_RESIDENCY_LOAD_DIRECT ? t->direct_fd : -1;
             own->begin = t->file_offset;
             own->stride = t->expert_stride;
             own->end = t->file_offset + t->expert_stride * r->n_expert;
@@ -282,7 +346,11 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
                 goto fail;
             }
             layer->expert_bytes += t->expert_stride;
-            requests_per_expert += (t->expert_stride + GUANACO_RESIDENCY_CHUNK_BYTES - 1) / GUANACO_RESIDENCY_CHUNK_BYTES;
+            /* the chunks, plus LOAD_DIRECT's two edge reads */
+            requests_per_expert += (t->expert_stride + GUANACO_RESIDENCY_CHUNK_BYTES - 1) / GUANACO_RESIDENCY_CHUNK_BYTES + 2;
+        }
+        if (layer->n_tensors > r->max_tensors_in_layer) {
+            r->max_tensors_in_layer = layer->n_tensors;
         }
         expert_bytes[l] = layer->expert_bytes;
         if (requests_per_expert * r->n_expert > most_requests) {
@@ -304,6 +372,9 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->scratch = malloc(r->scratch_chunks * (size_t)GUANACO_RESIDENCY_CHUNK_BYTES);
     if (!r->requests || !r->request_missing || !r->scratch) {
         err = -ENOMEM;
+        goto fail;
+    }
+    if ((err = choose_load(r, config)) != 0) {
         goto fail;
     }
 
@@ -330,6 +401,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     }
     r->io_backend = config->io_backend;
     r->stats.io_backend = config->io_backend;
+    r->stats.load = r->load;
     free(expert_bytes);
     *out = r;
     return 0;
@@ -411,6 +483,23 @@ static int drop_range(struct guanaco_residency *r, const struct tensor *t, uint6
 }
 
 /*
+ * LOAD_DIRECT's eviction: the file mapping goes back over [start, end), which
+ * frees the anonymous copy in the same step. A concurrent reader faults the
+ * file's bytes back in.
+ */
+static int restore_file_pages(struct guanaco_residency *r, const struct tensor *t, uint64_t start, uint64_t end) {
+    void *at = (void *)(uintptr_t)address_of(t, start);
+    void *mapped = mmap(at, end - start, PROT_READ, MAP_SHARED | MAP_FIXED, t->fd, (off_t)start);
+    if (mapped == MAP_FAILED) {
+        int err = -errno;
+        guanaco_log_error("residency: mapping %s bytes %llu..%llu back: %s", r->shards[t->shard].name,
+                          (unsigned long long)start, (unsigned long long)end, strerror(-err));
+        return err;
+    }
+    return 0;
+}
+
+/*
  * Drops the pages of expert e of `layer` that nothing resident needs. The
  * expert must already be marked non-resident. Its interior pages always go;
  * each edge page goes when page_droppable says so. The result is one
@@ -429,6 +518,12 @@ static int drop_expert(struct guanaco_residency *r, uint32_t layer, uint32_t e) 
         if (b % r->page && page_droppable(r, layer, t, page_down(r, b))) {
             end = page_down(r, b) + r->page;
         }
+        if (r->load == GUANACO_RESIDENCY_LOAD_DIRECT && page_up(r, a) < page_down(r, b)) {
+            int err = restore_file_pages(r, t, page_up(r, a), page_down(r, b));
+            if (err && !first_error) {
+                first_error = err;
+            }
+        }
         if (start < end) {
             int err = drop_range(r, t, start, end);
             if (err && !first_error) {
@@ -437,6 +532,55 @@ static int drop_expert(struct guanaco_residency *r, uint32_t layer, uint32_t e) 
         }
     }
     return first_error;
+}
+
+/*
+ * Drops every cached page of the expert tensors that no resident expert
+ * needs, one range per run of non-resident experts. Pages get cached
+ * without us: readahead around faults on the weights next to an expert
+ * tensor, or anything that read the file before the engine started. Only
+ * the page cache and the page tables are touched, never a DIRECT copy.
+ */
+static int drop_unaccounted_locked(struct guanaco_residency *r) {
+    int first_error = 0;
+    for (uint32_t layer = 0; layer < r->n_layer; layer++) {
+        const struct layer *l = &r->layers[layer];
+        const uint8_t *loaded = r->loaded + (size_t)layer * r->n_expert;
+        for (uint32_t i = 0; i < l->n_tensors; i++) {
+            const struct tensor *t = &r->tensors[l->first_tensor + i];
+            for (uint32_t e = 0; e < r->n_expert;) {
+                if (loaded[e]) {
+                    e++;
+                    continue;
+                }
+                uint32_t run_end = e;
+                while (run_end < r->n_expert && !loaded[run_end]) {
+                    run_end++;
+                }
+                uint64_t a = t->begin + (uint64_t)e * t->stride, b = t->begin + (uint64_t)run_end * t->stride;
+                uint64_t start = page_up(r, a), end = page_down(r, b);
+                if (a % r->page && page_droppable(r, layer, t, page_down(r, a))) {
+                    start = page_down(r, a);
+                }
+                if (b % r->page && page_droppable(r, layer, t, page_down(r, b))) {
+                    end = page_down(r, b) + r->page;
+                }
+                if (start < end) {
+                    int err = drop_range(r, t, start, end);
+                    first_error = first_error ? first_error : err;
+                }
+                e = run_end;
+            }
+        }
+    }
+    return first_error;
+}
+
+int guanaco_residency_drop_unaccounted(struct guanaco_residency *r) {
+    pthread_mutex_lock(&r->lock);
+    int err = drop_unaccounted_locked(r);
+    pthread_mutex_unlock(&r->lock);
+    return err;
 }
 
 /* ---- loading ---- */
@@ -470,43 +614,76 @@ static int populate(struct guanaco_residency *r, const char *start, uint64_t len
     return 0;
 }
 
-/*
- * Reads the n missing experts of `layer` into the page cache, every slice of
- * every expert in one batch when the scratch holds them (so the queue stays
- * full), in batches of the scratch's size otherwise; then populates the mapping
- * for each expert whose reads all succeeded. Marks the successes loaded and
- * sets missing_error[i] for each failure. Returns the first error.
- */
-static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n) {
-    const struct layer *l = &r->layers[layer];
+static void add_request(struct guanaco_residency *r, size_t *n_requests, int fd, uint64_t offset, uint64_t length,
+                        char *destination, size_t missing_index) {
+    r->requests[*n_requests] = (struct guanaco_io_request){
+        .fd = fd, .offset = offset, .length = length, .destination = destination};
+    r->request_missing[(*n_requests)++] = (uint32_t)missing_index;
+}
+
+/* PAGE_CACHE: every slice in chunks. Each request of a batch has its own scratch chunk; the data is never
+ * looked at, the page cache fill is the point. */
+static size_t page_cache_requests(struct guanaco_residency *r, const struct layer *l, size_t n) {
     size_t n_requests = 0;
     for (size_t i = 0; i < n; i++) {
-        r->missing_error[i] = 0;
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
             for (uint64_t done = 0; done < t->stride; done += GUANACO_RESIDENCY_CHUNK_BYTES) {
                 uint64_t left = t->stride - done;
-                /* Each request of a batch has its own scratch chunk; the data is never looked at. */
-                r->requests[n_requests] = (struct guanaco_io_request){
-                    .fd = t->fd,
-                    .offset = a + done,
-                    .length = left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
-                    .destination = r->scratch + (n_requests % r->scratch_chunks) * (size_t)GUANACO_RESIDENCY_CHUNK_BYTES,
-                };
-                r->request_missing[n_requests++] = (uint32_t)i;
+                add_request(r, &n_requests, t->fd, a + done,
+                            left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
+                            r->scratch + (n_requests % r->scratch_chunks) * (size_t)GUANACO_RESIDENCY_CHUNK_BYTES, i);
             }
         }
     }
-    uint64_t read_start = now_ns();
-    /* As many requests per batch as the scratch holds: reads in flight never share a destination. */
-    for (size_t first = 0; first < n_requests; first += r->scratch_chunks) {
-        size_t count = n_requests - first < r->scratch_chunks ? n_requests - first : r->scratch_chunks;
-        (void)guanaco_io_read_batch(r->io, r->requests + first, count); /* per-request results below */
+    return n_requests;
+}
+
+/* DIRECT: the whole pages inside each slice go O_DIRECT into a fresh anonymous buffer; the partial edge
+ * pages are read buffered, into the page cache, like PAGE_CACHE's. */
+static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const struct layer *l, size_t n) {
+    size_t n_requests = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (uint32_t k = 0; k < l->n_tensors; k++) {
+            const struct tensor *t = &r->tensors[l->first_tensor + k];
+            size_t slot = i * r->max_tensors_in_layer + k;
+            char *edges = r->edge_scratch + slot * 2 * EDGE_SLOT_PAGES * r->page;
+            uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride, b = a + t->stride;
+            uint64_t inner_start = page_up(r, a), inner_end = page_down(r, b);
+            if (inner_start >= inner_end) { /* no whole page inside: all of it is edge */
+                add_request(r, &n_requests, t->fd, a, b - a, edges, i);
+                continue;
+            }
+            char *buffer = mmap(NULL, inner_end - inner_start, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (buffer == MAP_FAILED) {
+                if (r->missing_error[i] == 0) {
+                    r->missing_error[i] = -errno;
+                    guanaco_log_error("residency: no memory for expert %u of layer %u (%llu bytes): %s", r->missing[i],
+                                      layer, (unsigned long long)(inner_end - inner_start), strerror(errno));
+                }
+                continue;
+            }
+            r->staging[slot] = buffer;
+            for (uint64_t at = inner_start; at < inner_end; at += GUANACO_RESIDENCY_CHUNK_BYTES) {
+                uint64_t left = inner_end - at;
+                add_request(r, &n_requests, t->direct_fd, at,
+                            left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
+                            buffer + (at - inner_start), i);
+            }
+            if (a < inner_start) {
+                add_request(r, &n_requests, t->fd, a, inner_start - a, edges, i);
+            }
+            if (inner_end < b) {
+                add_request(r, &n_requests, t->fd, inner_end, b - inner_end, edges + EDGE_SLOT_PAGES * r->page, i);
+            }
+        }
     }
-    uint64_t read_end = now_ns();
-    r->stats.read_ns += read_end - read_start;
-    r->stats.reads_issued += n_requests;
+    return n_requests;
+}
+
+/* Records each missing expert's first failed request in missing_error; returns the first error of all. */
+static int collect_read_results(struct guanaco_residency *r, uint32_t layer, size_t n_requests) {
     int first_error = 0;
     for (size_t q = 0; q < n_requests; q++) {
         const struct guanaco_io_request *req = &r->requests[q];
@@ -524,28 +701,118 @@ static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n) {
             }
         }
     }
-    for (size_t i = 0; i < n; i++) {
-        for (uint32_t k = 0; k < l->n_tensors && r->missing_error[i] == 0; k++) {
-            const struct tensor *t = &r->tensors[l->first_tensor + k];
-            uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
-            /* outward: the edge pages hold our bytes too */
-            uint64_t start = page_down(r, a), end = page_up(r, a + t->stride);
-            int err = populate(r, address_of(t, start), end - start);
-            if (err) {
-                r->missing_error[i] = err;
-                if (!first_error) {
-                    first_error = err;
-                    guanaco_log_error("residency: cannot map expert %u of layer %u (%s, bytes %llu..%llu): %s",
-                                      r->missing[i], layer, r->shards[t->shard].name, (unsigned long long)start,
-                                      (unsigned long long)end, strerror(-err));
+    return first_error;
+}
+
+/* DIRECT: the read copy, made read-only, replaces the slice's whole pages in one mremap. */
+static int move_into_place(struct guanaco_residency *r, const struct tensor *t, uint64_t a, char **staging) {
+    uint64_t inner_start = page_up(r, a), inner_end = page_down(r, a + t->stride);
+    if (!*staging) {
+        return 0; /* no whole page inside the slice */
+    }
+    void *target = (void *)(uintptr_t)address_of(t, inner_start);
+    uint64_t length = inner_end - inner_start;
+    if (mprotect(*staging, length, PROT_READ) != 0 ||
+        mremap(*staging, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, target) == MAP_FAILED) {
+        int err = -errno;
+        guanaco_log_error("residency: placing %s bytes %llu..%llu: %s", r->shards[t->shard].name,
+                          (unsigned long long)inner_start, (unsigned long long)inner_end, strerror(-err));
+        return err;
+    }
+    *staging = NULL; /* it is the mapping's now */
+    return 0;
+}
+
+/* Maps expert i's slices (moving DIRECT's copies in first); 0 or the first error. */
+static int map_expert(struct guanaco_residency *r, const struct layer *l, size_t i) {
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride, b = a + t->stride;
+        int err = 0;
+        if (r->load == GUANACO_RESIDENCY_LOAD_DIRECT) {
+            if ((err = move_into_place(r, t, a, &r->staging[i * r->max_tensors_in_layer + k])) != 0) {
+                return err;
+            }
+            /* the edge pages, now in the page cache; the interior is already mapped */
+            uint64_t inner_start = page_up(r, a), inner_end = page_down(r, b);
+            if (inner_start >= inner_end) {
+                err = populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
+            } else {
+                if (!err && a < inner_start) {
+                    err = populate(r, address_of(t, page_down(r, a)), r->page);
+                }
+                if (!err && inner_end < b) {
+                    err = populate(r, address_of(t, inner_end), r->page);
                 }
             }
+        } else {
+            /* outward: the edge pages hold our bytes too */
+            err = populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
+        }
+        if (err) {
+            guanaco_log_error("residency: cannot map expert %u of layer %u (%s, bytes %llu..%llu): %s", r->missing[i],
+                              (unsigned)(l - r->layers), r->shards[t->shard].name, (unsigned long long)a,
+                              (unsigned long long)b, strerror(-err));
+            return err;
+        }
+    }
+    return 0;
+}
+
+/*
+ * Reads the n missing experts of `layer`: every slice of every expert in one
+ * batch when the destinations allow (so the queue stays full), in batches of
+ * the scratch's size for PAGE_CACHE otherwise; then maps each expert whose
+ * reads all succeeded. Marks the successes loaded and sets missing_error[i]
+ * for each failure. A failed expert's DIRECT copies are freed unseen: nothing
+ * partial is ever placed in the mapping. Returns the first error.
+ */
+static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, uint64_t token) {
+    const struct layer *l = &r->layers[layer];
+    for (size_t i = 0; i < n; i++) {
+        r->missing_error[i] = 0;
+    }
+    const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
+    size_t n_requests = direct ? direct_requests(r, layer, l, n) : page_cache_requests(r, l, n);
+    /* PAGE_CACHE: reads in flight never share a scratch chunk. DIRECT: every request has its own destination. */
+    size_t batch = direct ? (n_requests ? n_requests : 1) : r->scratch_chunks;
+    uint64_t read_start = now_ns();
+    for (size_t first = 0; first < n_requests; first += batch) {
+        size_t count = n_requests - first < batch ? n_requests - first : batch;
+        (void)guanaco_io_read_batch(r->io, r->requests + first, count); /* per-request results below */
+    }
+    uint64_t read_end = now_ns();
+    r->stats.read_ns += read_end - read_start;
+    r->stats.reads_issued += n_requests;
+    int first_error = collect_read_results(r, layer, n_requests);
+    for (size_t i = 0; i < n; i++) {
+        if (r->missing_error[i] && !first_error) {
+            first_error = r->missing_error[i]; /* a staging buffer that could not be had */
         }
         if (r->missing_error[i] == 0) {
-            r->loaded[(size_t)layer * r->n_expert + r->missing[i]] = 1;
+            r->missing_error[i] = map_expert(r, l, i);
+            if (r->missing_error[i] && !first_error) {
+                first_error = r->missing_error[i];
+            }
+        }
+        size_t slot = (size_t)layer * r->n_expert + r->missing[i];
+        if (r->missing_error[i] == 0) {
+            r->loaded[slot] = 1;
             r->stats.expert_loads++;
+            if (r->evicted_at[slot] && token + 1 - r->evicted_at[slot] <= GUANACO_RESIDENCY_CHURN_TOKENS) {
+                r->stats.churn_loads++;
+            }
         } else {
             r->stats.load_failures++;
+        }
+        for (uint32_t k = 0; direct && k < l->n_tensors; k++) {
+            char **staging = &r->staging[i * r->max_tensors_in_layer + k];
+            if (*staging) {
+                const struct tensor *t = &r->tensors[l->first_tensor + k];
+                uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
+                munmap(*staging, page_down(r, a + t->stride) - page_up(r, a));
+                *staging = NULL;
+            }
         }
     }
     r->stats.populate_ns += now_ns() - read_end;
@@ -589,11 +856,12 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     for (size_t i = 0; i < n_distinct; i++) {
         if (loaded[r->distinct[i]]) {
             r->stats.hits++;
+            r->stats.pinned_hits += guanaco_policy_is_pinned(r->policy, layer, r->distinct[i]);
         } else {
             r->missing[n_missing++] = r->distinct[i];
         }
     }
-    int first_error = n_missing ? load_experts(r, layer, n_missing) : 0;
+    int first_error = n_missing ? load_experts(r, layer, n_missing, token) : 0;
 
     /* The policy hears only about what is really resident now. */
     size_t n_accessed = 0;
@@ -628,7 +896,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
                                        &n_victims);
         /* All of a round's victims are marked first, so a page two of them share goes with the second. */
         for (size_t v = 0; v < n_victims; v++) {
-            r->loaded[(size_t)r->victim_layers[v] * r->n_expert + r->victim_experts[v]] = 0;
+            size_t slot = (size_t)r->victim_layers[v] * r->n_expert + r->victim_experts[v];
+            r->loaded[slot] = 0;
+            r->evicted_at[slot] = token + 1;
         }
         for (size_t v = 0; v < n_victims; v++) {
             int e = drop_expert(r, r->victim_layers[v], r->victim_experts[v]);

@@ -46,6 +46,9 @@
  * cache. Hand the engine fds of its own. It never closes them.
  *
  * Thread-safe: one internal mutex serialises prepare_layer, get_stats, audit.
+ * Eviction only ever replaces pages by the file's own bytes, so a context
+ * computing while another context's call evicts its experts takes page
+ * faults, never wrong weights.
  */
 #ifndef GUANACO_RESIDENCY_H
 #define GUANACO_RESIDENCY_H
@@ -64,9 +67,34 @@
 #define GUANACO_RESIDENCY_SCRATCH_BYTES (64u << 20)
 /* queue_depth when the config leaves it 0. */
 #define GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH 16u
+/* An expert loaded again within this many tokens of its eviction counts as churn. */
+#define GUANACO_RESIDENCY_CHURN_TOKENS 16u
+
+/*
+ * How a missing expert becomes resident.
+ *
+ * PAGE_CACHE: buffered reads of its slices fill the page cache, then
+ * MADV_POPULATE_READ maps them; eviction is MADV_DONTNEED + FADV_DONTNEED.
+ *
+ * DIRECT: the whole pages inside each slice are read with O_DIRECT (no page
+ * cache, no copy) into a fresh anonymous buffer, which is made read-only and
+ * moved over the slice's pages in the mapping with mremap(MREMAP_FIXED).
+ * Eviction maps the file back over those pages (mmap MAP_FIXED|MAP_SHARED).
+ * Both swaps are atomic for other threads: a reader sees the file's bytes or
+ * the fully read copy, never a partial one, so a concurrent context's worst
+ * case is a page fault. The partial pages at slice edges, shared with the
+ * neighbours, stay file-backed and go through the page cache as above.
+ * Every resident slice costs up to two VMAs; when the worst case would not
+ * fit under vm.max_map_count, create falls back to PAGE_CACHE and says so.
+ */
+enum guanaco_residency_load {
+    GUANACO_RESIDENCY_LOAD_PAGE_CACHE = 0,
+    GUANACO_RESIDENCY_LOAD_DIRECT = 1,
+};
 
 struct guanaco_residency_tensor {   /* one expert tensor of one MoE layer */
     int fd;                 /* the shard, opened O_RDONLY by the caller */
+    int direct_fd;          /* the shard opened O_RDONLY|O_DIRECT, for LOAD_DIRECT; -1 otherwise */
     uint64_t file_offset;   /* first byte of the tensor in the shard */
     uint64_t expert_stride; /* bytes of one expert */
     const char *mapped;     /* the tensor's first byte in the process's mapping of that shard */
@@ -83,6 +111,7 @@ struct guanaco_residency_config {
     enum guanaco_io_backend io_backend;
     unsigned queue_depth;           /* 0 = GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH */
     uint64_t scratch_bytes;         /* 0 = GUANACO_RESIDENCY_SCRATCH_BYTES; below queue_depth MiB starves the queue */
+    enum guanaco_residency_load load;
 };
 
 struct guanaco_residency_stats {
@@ -94,7 +123,10 @@ struct guanaco_residency_stats {
     uint64_t read_ns, populate_ns, evict_ns; /* the batch of reads, MADV_POPULATE_READ, dropping victims */
     uint64_t resident_bytes;        /* accounting */
     uint64_t peak_resident_bytes;   /* highest accounting, reached between the reads and the eviction */
+    uint64_t churn_loads;           /* loads of an expert evicted at most GUANACO_RESIDENCY_CHURN_TOKENS before */
+    uint64_t pinned_hits;           /* hits on experts the policy holds in its pinned hot set */
     enum guanaco_io_backend io_backend;
+    enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
 };
 
 struct guanaco_residency;
@@ -130,6 +162,15 @@ bool guanaco_residency_is_resident(const struct guanaco_residency *r, uint32_t l
  * page cache, so this is the RAM the experts really hold. 0 or -errno.
  */
 int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_resident_bytes);
+
+/*
+ * Drops the cached pages of every expert slice that is not resident, which
+ * the accounting does not know about: readahead around faults on the weights
+ * next to an expert tensor, or reads from before the engine started. The
+ * engine calls it at start and once the first token is through. 0 or the
+ * first -errno of madvise/fadvise (with a message).
+ */
+int guanaco_residency_drop_unaccounted(struct guanaco_residency *r);
 
 /* Tests only: arm io.h's one-shot fault (guanaco_io_inject_fault) on the engine's reader. */
 void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t after_bytes, int error);

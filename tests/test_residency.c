@@ -52,15 +52,18 @@ static const uint64_t stride_of_tensor[N_TENSOR] = {150000, 150000, 110000, 1000
 static uint64_t P;
 static unsigned char *expected_content; /* the pattern of the largest model, for memcmp */
 static int pagemap_fd = -1;
+static enum guanaco_residency_load load_mode; /* every scenario runs in both modes */
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 
 struct model {
     char path[4096];
     int fd;            /* O_RDONLY, handed to the engine */
+    int direct_fd;     /* O_RDONLY | O_DIRECT, for GUANACO_RESIDENCY_LOAD_DIRECT */
     uint32_t n_layer;
     uint64_t size;
     const char *map;   /* the engine's mapping, like llama.cpp's */
     const char *map2;  /* a second mapping, only ever asked mincore: the page cache itself */
+    /* mincore on the engine's mapping: the page cache, or LOAD_DIRECT's anonymous copies */
     uint64_t offset[N_LAYER][N_TENSOR];
     struct guanaco_residency_tensor tensors[N_LAYER][N_TENSOR];
     const struct guanaco_residency_tensor *per_layer[N_LAYER];
@@ -152,7 +155,8 @@ static int make_model(struct model *m, uint32_t n_layer, const char *tag) {
     fdatasync(wfd);
     close(wfd);
     m->fd = open(m->path, O_RDONLY);
-    if (m->fd < 0) {
+    m->direct_fd = open(m->path, O_RDONLY | O_DIRECT);
+    if (m->fd < 0 || m->direct_fd < 0) {
         perror("open");
         return -1;
     }
@@ -168,6 +172,7 @@ static int make_model(struct model *m, uint32_t n_layer, const char *tag) {
         for (uint32_t t = 0; l != DENSE_LAYER && t < N_TENSOR; t++) {
             m->tensors[l][t] = (struct guanaco_residency_tensor){
                 .fd = m->fd,
+                .direct_fd = m->direct_fd,
                 .file_offset = m->offset[l][t],
                 .expert_stride = stride_of_tensor[t],
                 .mapped = m->map + m->offset[l][t],
@@ -189,6 +194,9 @@ static void free_model(struct model *m) {
     if (m->fd > 0) {
         close(m->fd);
     }
+    if (m->direct_fd > 0) {
+        close(m->direct_fd);
+    }
     unlink(m->path);
 }
 
@@ -204,6 +212,7 @@ static struct guanaco_residency_config config_of(const struct model *m, uint64_t
         .policy = policy,
         .io_backend = io,
         .queue_depth = 16,
+        .load = load_mode,
     };
 }
 
@@ -250,7 +259,7 @@ static void verify(const struct model *m, struct guanaco_residency *r, uint32_t 
                    uint64_t budget, uint32_t cap, int expected_failed) {
     size_t n_pages = (size_t)(page_up(m->size) / P);
     unsigned char *state = calloc(n_pages, 1), *cached = malloc(n_pages);
-    CHECK(mincore((void *)(uintptr_t)m->map2, m->size, cached) == 0);
+    CHECK(mincore((void *)(uintptr_t)m->map, m->size, cached) == 0);
     uint64_t *mapped = read_pagemap(m->map, n_pages);
     CHECK(pagemap_fd < 0 || mapped);
 
@@ -655,8 +664,9 @@ int main(void) {
     test_bad_input(&m);
     const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
     enum guanaco_io_backend backends[] = {GUANACO_IO_URING, GUANACO_IO_THREADS};
-    for (size_t b = 0; b < 2; b++) {
-        enum guanaco_io_backend io = backends[b];
+    for (size_t run = 0; run < 4; run++) {
+        enum guanaco_io_backend io = backends[run % 2];
+        load_mode = run < 2 ? GUANACO_RESIDENCY_LOAD_PAGE_CACHE : GUANACO_RESIDENCY_LOAD_DIRECT;
         struct guanaco_io *probe = NULL;
         int ret = guanaco_io_create(io, 4, 1 << 20, &probe);
         guanaco_io_destroy(probe);
@@ -664,7 +674,8 @@ int main(void) {
             printf("SKIP %s: not available on this system\n", guanaco_io_backend_name(io));
             continue;
         }
-        printf("%s:\n", guanaco_io_backend_name(io));
+        printf("%s, %s loading:\n", guanaco_io_backend_name(io),
+               load_mode == GUANACO_RESIDENCY_LOAD_DIRECT ? "direct" : "page-cache");
         /* random and skewed routing under a budget of 30% */
         run_stream(&m, io, GUANACO_POLICY_GUANACO, all * 3 / 10, 0, 12, 1, 4, false, 0);
         run_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 0, 12, 2, 4, true, 3 << 20); /* several batches */

@@ -4,9 +4,8 @@
 #   - logits under a budget far below the expert bytes are bit-identical to
 #     streaming off --no-repack, for several architectures (fused gate_up
 #     included), both io backends and every policy;
-#   - the budget is real without any cgroup: the model file's page cache,
-#     sampled with fincore while the decode runs, never exceeds the non-expert
-#     weights + the budget + one layer's working set;
+#   - the budget is real without any cgroup, for page-cache and direct
+#     loading (details at that check);
 #   - absurd budgets are refused by name.
 # Env: MKMODEL, LOGITS_DUMP, WORKDIR, VOCAB_DIR, EVICT_TOOL.
 set -u
@@ -24,43 +23,72 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K"; do
     check "$arch $quant written" $? "mkmodel failed"
     env -u GUANACO_STREAMING "$LOGITS_DUMP" "$m" "$W/$arch.off.bin" --no-repack >"$W/$arch.off.log" 2>&1
     check "$arch $quant off" $? "$(tail -2 "$W/$arch.off.log")"
-    for run in "guanaco uring 3M" "lru threads 3M" "layer-lru uring 2M" "lfu threads 4M"; do
+    for run in "guanaco uring 3M direct" "lru threads 3M page-cache" "layer-lru uring 2M page-cache" \
+               "layer-lru threads 2M direct" "lfu threads 4M direct"; do
         set -- $run
-        GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 \
+        GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
             "$LOGITS_DUMP" "$m" "$W/$arch.$1.bin" >"$W/$arch.$1.log" 2>&1
         rc=$?
         grep -q "residency: budget" "$W/$arch.$1.log" && [ $rc -eq 0 ] && cmp -s "$W/$arch.off.bin" "$W/$arch.$1.bin"
-        check "$arch $quant: budget $3, policy $1, io $2 == off --no-repack" $? \
+        check "$arch $quant: budget $3, policy $1, io $2, load $4 == off --no-repack" $? \
             "rc=$rc $(grep -E 'guanaco: (error|residency)' "$W/$arch.$1.log" | head -3)"
     done
 done
 
-# The budget is real: page cache of the model file, sampled from outside while decoding, no cgroup.
+# The budget is real, without any cgroup, in both ways of loading:
+#   - from outside: the model file's page cache (fincore) while decoding. page-cache loading keeps the experts
+#     there, so it is bounded by non-expert + budget + one layer's working set; direct loading reads around it,
+#     so only the non-expert weights and the slices' shared edge pages may be cached;
+#   - from inside: every status line (one per token) compares the engine's accounting with mincore over the
+#     expert mappings (page cache or anonymous copies): they agree within page rounding, and mincore stays
+#     within budget + one layer's working set.
 if command -v fincore >/dev/null; then
     m="$W/mid.gguf"
     "$MKMODEL" --arch qwen3moe --quant Q8_0 --n-layer 8 --n-embd 1024 --n-ff-exp 384 --n-expert 32 --seed 3 \
         -o "$m" >/dev/null 2>&1
     size=$(stat -c %s "$m")
-    [ -n "${EVICT_TOOL:-}" ] && "$EVICT_TOOL" "$m" >/dev/null
     budget=$((64 * 1024 * 1024))
-    GUANACO_STREAMING=1 GUANACO_RAM=$budget "$LOGITS_DUMP" "$m" "$W/mid.bin" --gen-tokens 24 >"$W/mid.log" 2>&1 &
-    pid=$!
-    peak=0
-    while kill -0 $pid 2>/dev/null; do
-        now=$(fincore --bytes --noheadings --output RES "$m" 2>/dev/null | tr -d ' ')
-        [ -n "$now" ] && [ "$now" -gt "$peak" ] && peak=$now
-        sleep 0.05
-    done
-    wait $pid
-    check "mid-size decode under a 64 MiB budget" $? "$(tail -3 "$W/mid.log")"
-    experts=$(grep -o 'streaming [0-9]* expert tensors ([0-9.]* GiB' "$W/mid.log" | grep -o '[0-9.]* GiB' | cut -d' ' -f1)
     # One layer's working set: 48 prompt tokens touch every expert of a layer (32 x 3 slices of 1024x384 Q8_0).
     layer_set=$((32 * 3 * 1024 * 384 * 34 / 32))
-    non_expert=$(awk -v s="$size" -v e="$experts" 'BEGIN { printf "%d", s - e * 1073741824 }')
-    allowed=$((non_expert + budget + layer_set + 8 * 1024 * 1024))
-    [ "$peak" -gt 0 ] && [ "$peak" -le "$allowed" ]
-    check "page cache of the file peaked at $((peak / 1048576)) MiB <= non-expert $((non_expert / 1048576)) + budget 64 + one layer $((layer_set / 1048576)) MiB (file $((size / 1048576)) MiB)" $? \
-        "peak $peak > allowed $allowed"
+    rounding=$((8 * 1024 * 1024)) # 2 edge pages per resident slice and per tensor: < 2 MiB here
+    for load in page-cache direct; do
+        [ -n "${EVICT_TOOL:-}" ] && "$EVICT_TOOL" "$m" >/dev/null
+        GUANACO_STREAMING=1 GUANACO_RAM=$budget GUANACO_LOAD=$load GUANACO_STATUS_EVERY=1 \
+            "$LOGITS_DUMP" "$m" "$W/mid.$load.bin" --gen-tokens 24 >"$W/mid.$load.log" 2>&1 &
+        pid=$!
+        peak=0
+        while kill -0 $pid 2>/dev/null; do
+            now=$(fincore --bytes --noheadings --output RES "$m" 2>/dev/null | tr -d ' ')
+            [ -n "$now" ] && [ "$now" -gt "$peak" ] && peak=$now
+            sleep 0.05
+        done
+        wait $pid
+        check "mid-size decode under a 64 MiB budget, $load loading" $? "$(tail -3 "$W/mid.$load.log")"
+        grep -q "load $load" "$W/mid.$load.log"
+        check "$load loading in force" $? "$(grep 'residency:' "$W/mid.$load.log" | head -2)"
+        experts=$(grep -o 'streaming [0-9]* expert tensors ([0-9.]* GiB' "$W/mid.$load.log" | grep -o '[0-9.]* GiB' | cut -d' ' -f1)
+        non_expert=$(awk -v s="$size" -v e="$experts" 'BEGIN { printf "%d", s - e * 1073741824 }')
+        if [ $load = page-cache ]; then
+            allowed=$((non_expert + budget + layer_set + rounding))
+        else
+            allowed=$((non_expert + rounding))
+        fi
+        [ "$peak" -gt 0 ] && [ "$peak" -le "$allowed" ]
+        check "$load: page cache of the file peaked at $((peak / 1048576)) MiB <= $((allowed / 1048576)) MiB (non-expert $((non_expert / 1048576)) MiB, file $((size / 1048576)) MiB)" $? \
+            "peak $peak > allowed $allowed"
+        # status lines: "RAM: accounted A MiB, mincore M MiB"
+        report=$(grep -o 'RAM: accounted [0-9.]* MiB, mincore [0-9.]* MiB' "$W/mid.$load.log" | awk \
+            -v limit=$(((budget + layer_set + rounding) / 1048576)) -v slack=$((rounding / 1048576)) '
+            { a = $3; m = $6; n++; if (m > peak) peak = m; d = m - a; if (d < 0) d = -d; if (d > worst) worst = d
+              if (m > limit || d > slack) bad++ }
+            END { printf "%d %d %.1f %.1f", n, bad, peak, worst }')
+        set -- $report
+        [ "${1:-0}" -ge 24 ] && [ "${2:-1}" -eq 0 ]
+        check "$load: $1 status lines, mincore peaked at $3 MiB <= $(((budget + layer_set + rounding) / 1048576)) MiB and agreed with the accounting within $4 MiB" $? \
+            "$(grep 'RAM:' "$W/mid.$load.log" | sort -t, -k4 | tail -2)"
+        cmp -s "$W/mid.page-cache.bin" "$W/mid.$load.bin"
+        check "$load: same logits as page-cache loading" $? "logits differ"
+    done
 else
     echo "SKIP budget-is-real: fincore (util-linux) is not installed"
 fi
