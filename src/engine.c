@@ -157,7 +157,8 @@ int guanaco_engine_open(const char *path, const char *const *split_paths, size_t
     if (err < 0) {
         return err;
     }
-    if (!options.streaming) {
+    /* Recording or replaying routing needs the hook, not streaming: plain llama.cpp can be driven too. */
+    if (!options.streaming && !options.trace_replay[0] && !options.trace_out[0]) {
         return 0;
     }
     struct guanaco_engine *engine = calloc(1, sizeof(*engine));
@@ -208,7 +209,8 @@ int guanaco_engine_open(const char *path, const char *const *split_paths, size_t
 }
 
 bool guanaco_engine_is_expert_tensor(const struct guanaco_engine *engine, const char *tensor_name) {
-    return engine && guanaco_manifest_find(&engine->manifest, tensor_name) != NULL;
+    /* Without streaming nothing is marked lazy, so experts load exactly as in plain llama.cpp. */
+    return engine && engine->options.streaming && guanaco_manifest_find(&engine->manifest, tensor_name) != NULL;
 }
 
 static int advise_expert_pages(const struct guanaco_engine *engine, void *data, uint64_t nbytes) {
@@ -405,6 +407,11 @@ int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const
 int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup lookup, void *user) {
     if (!engine || engine->dry_run) {
         return 0; /* the memory-fit pass maps nothing */
+    }
+    if (!engine->options.streaming) {
+        guanaco_log_info("streaming off: experts load as in plain llama.cpp (with repacking off); the router is "
+                         "only %s", engine->replay.n_records ? "replayed" : "recorded");
+        return 0;
     }
     const struct guanaco_manifest *m = &engine->manifest;
     char **mapping_base = calloc((size_t)m->n_shards, sizeof(*mapping_base));

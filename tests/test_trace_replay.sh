@@ -5,6 +5,7 @@
 #   - replaying model A's recording onto model B (same shape, other weights)
 #     makes B route exactly as A did, and changes B's logits;
 #   - replaying A's own recording onto A changes nothing (bit-identical);
+#   - with streaming off, the replay drives plain llama.cpp the same way;
 #   - a recording of another shape is refused with a message, exit non-zero.
 # Env: MKMODEL, LOGITS_DUMP, WORKDIR, VOCAB_DIR.
 set -u
@@ -43,6 +44,16 @@ cmp -s <(records "$W/a.trace") <(records "$W/b-replay.trace")
 check "B routed exactly as A did" $? "recordings differ"
 ! cmp -s "$W/b.bin" "$W/b-replay.bin"
 check "replay changed B's logits" $? "identical logits: the replay did nothing"
+
+# Streaming off: plain llama.cpp (--no-repack) driven by the same routing, which is what benchmarks compare.
+env -u GUANACO_STREAMING GUANACO_TRACE_REPLAY="$W/a.trace" GUANACO_TRACE_OUT="$W/b-plain-replay.trace" \
+    "$LOGITS_DUMP" "$W/b.gguf" "$W/b-plain-replay.bin" >"$W/b-plain-replay.log" 2>&1
+check "plain B decodes replaying A's routing" $? "$(tail -2 "$W/b-plain-replay.log")"
+grep -q "streaming off: experts load as in plain llama.cpp" "$W/b-plain-replay.log" &&
+    cmp -s <(records "$W/a.trace") <(records "$W/b-plain-replay.trace") &&
+    cmp -s "$W/b-replay.bin" "$W/b-plain-replay.bin"
+check "plain B replays A's routing: same routing and logits as streaming B" $? \
+    "$(grep guanaco "$W/b-plain-replay.log" | head -3)"
 
 dump a-replay "$W/a.gguf" GUANACO_TRACE_REPLAY="$W/a.trace"
 cmp -s "$W/a.bin" "$W/a-replay.bin"
