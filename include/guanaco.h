@@ -62,6 +62,7 @@ struct guanaco_options {
     int io;                /* --guanaco-io: an enum guanaco_io_backend */
     enum guanaco_load_mode load; /* --guanaco-load */
     uint32_t status_every; /* --guanaco-status-every: tokens between status lines */
+    bool audit;            /* --guanaco-audit: mincore check on each status line */
 };
 
 /*

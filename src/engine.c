@@ -72,7 +72,7 @@ static void maybe_log_status(struct guanaco_engine *engine, uint64_t done_before
     guanaco_residency_get_stats(engine->residency, &st);
     uint64_t mapped = 0;
     char tail[200] = "";
-    if (guanaco_residency_audit(engine->residency, &mapped) == 0) {
+    if (engine->options.audit && guanaco_residency_audit(engine->residency, &mapped) == 0) {
         snprintf(tail, sizeof(tail), "; RAM: accounted %.1f MiB, mincore %.1f MiB", (double)st.resident_bytes / 1048576.0,
                  (double)mapped / 1048576.0);
     }

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# side_by_side.sh - owns the live benchmark: plain llama.cpp against Guanaco on
+# one model, in one invocation, interleaved, under the same real cgroup v1
+# memory limit per budget, with the page cache of the model dropped before
+# every run. It writes the raw runs (runs.csv), a Markdown report
+# (report.md: medians, spreads, ratios against plain llama.cpp, the physical
+# limit, and the simulator's prediction of the same runs) and a gnuplot PNG.
+#
+#   bench/side_by_side.sh --model M.gguf [--replay TRACE] [--budgets "10 25 50 100"]
+#       [--variants "plain lazy guanaco"] [--reps N] [--tokens N] [--prompt N]
+#       [--margin-mib N] [--compute-ms X] [--out DIR] [--title TEXT]
+#
+# A budget B% means: Guanaco may keep B% of the model's expert bytes resident
+# (--guanaco-ram), and every variant runs in a cgroup limit of
+#   non-expert bytes + B% of expert bytes + margin (default 1536 MiB: KV cache,
+#   compute buffers, one layer's working set in flight, the process itself).
+# Variants (each runs with -nr: no CPU repacking, so plain llama.cpp can
+# stream Q4_0 at all, and both compute on the same layout):
+#   ram              no limit, streaming off: everything in RAM (once per rep; skipped when it cannot fit)
+#   plain            plain llama.cpp, mmap, streaming off
+#   lazy             --guanaco-streaming only (experts not read at load)
+#   guanaco[:POLICY[:LOAD[:IO]]]  the residency engine with budget B%
+# With --replay, every variant (plain included: the hook then only replays)
+# routes by the recorded trace instead of the synthetic router.
+#
+# Definitions used in the report:
+#   decode tok/s     llama-bench tg (after its warmup), median over reps
+#   prompt tok/s     llama-bench pp of --prompt tokens; TTFT = prompt/pp + 1/tg
+#   disk read        bytes the run submitted to the block layer (/proc/PID/io, children included)
+#   peak memory      the cgroup's max_usage_in_bytes
+#   miss bytes/token Guanaco's bytes read over the last --tokens status lines (the measured decode)
+#   physical limit   1 / (miss bytes per token / fio bandwidth + in-RAM compute time per token)
+#   fio bandwidth    fio randread, 1 MiB blocks, io_uring, queue depth 16, O_DIRECT, on the model
+#                    file: Guanaco's read size and depth
+# The report is refused when a run did not start cold (more than 1% of the
+# model cached) or ran without its limit in force.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN="$ROOT/build/cmake/bin"
+
+MODEL="" REPLAY="" BUDGETS="10 25 50 100" VARIANTS="ram plain lazy guanaco" REPS=1 TOKENS=16 PROMPT=32
+MARGIN_MIB=1536 COMPUTE_MS="" OUT="" TITLE="" THREADS=$(nproc)
+die() { echo "side_by_side: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case $1 in
+    --model) MODEL=$2; shift 2 ;;
+    --replay) REPLAY=$2; shift 2 ;;
+    --budgets) BUDGETS=$2; shift 2 ;;
+    --variants) VARIANTS=$2; shift 2 ;;
+    --reps) REPS=$2; shift 2 ;;
+    --tokens) TOKENS=$2; shift 2 ;;
+    --prompt) PROMPT=$2; shift 2 ;;
+    --margin-mib) MARGIN_MIB=$2; shift 2 ;;
+    --compute-ms) COMPUTE_MS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --title) TITLE=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+    esac
+done
+[ -f "$MODEL" ] || die "--model FILE is required and must exist"
+[ -z "$REPLAY" ] || [ -f "$REPLAY" ] || die "--replay $REPLAY: no such file"
+for n in $REPS $TOKENS $PROMPT $MARGIN_MIB $BUDGETS; do
+    [[ $n =~ ^[0-9]+$ ]] || die "expected whole numbers, got '$n'"
+done
+for b in $BUDGETS; do [ "$b" -ge 1 ] && [ "$b" -le 100 ] || die "budgets are 1..100 (% of expert bytes)"; done
+[ -w /sys/fs/cgroup/memory ] || die "needs cgroup v1 memory at /sys/fs/cgroup/memory, writable (root)"
+command -v fio >/dev/null || die "needs fio"
+OUT=${OUT:-$ROOT/build/bench/$(basename "$MODEL" .gguf)${REPLAY:+-replay}}
+mkdir -p "$OUT/logs"
+SIZE=$(stat -c %s "$MODEL")
+RUNS="$OUT/runs.csv"
+echo "budget_pct,variant,rep,limit_bytes,tg_ts,pp_ts,read_bytes,max_usage,resident_pct,guanaco_read_gib,guanaco_gbps,miss_bytes_per_token,stall_ms_per_token,cached_before,rc" >"$RUNS"
+
+# ---- the model's split: one lazy load that evaluates a single token ----
+probe_log="$OUT/logs/probe.err"
+GUANACO_STREAMING=1 "$BIN/llama-bench" -m "$MODEL" -p 1 -n 0 -r 1 -t "$THREADS" --no-warmup -o csv \
+    >/dev/null 2>"$probe_log" || die "cannot load $MODEL: $(tail -3 "$probe_log")"
+EXPERT_BYTES=$(grep -o 'streaming [0-9]* expert tensors ([0-9.]* GiB' "$probe_log" |
+    awk '{ gsub(/\(/, "", $5); printf "%.0f", $5 * 1073741824 }')
+[ -n "$EXPERT_BYTES" ] || die "no expert tensors in $MODEL"
+NON_EXPERT=$((SIZE - EXPERT_BYTES))
+MARGIN=$((MARGIN_MIB * 1048576))
+
+# ---- the disk, for Guanaco's read size and depth ----
+fio_log="$OUT/logs/fio.txt"
+fio --name=guanaco-reads --filename="$MODEL" --allow_file_create=0 --rw=randread --bs=1m --direct=1 \
+    --ioengine=io_uring --iodepth=16 --time_based --ramp_time=1 --runtime=8 --output-format=json >"$fio_log"
+FIO_GBPS=$(jq '.jobs[0].read.bw_bytes / 1e9' "$fio_log")
+
+MACHINE="$(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), \
+$(awk '/MemTotal/ { printf "%.1f GiB RAM", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
+DEVICE=$(df --output=source "$MODEL" | tail -1)
+READAHEAD=$(blockdev --getra "$DEVICE" 2>/dev/null || echo "?")
+
+# ---- one run ----
+# run BUDGET VARIANT REP: appends one row to runs.csv
+run() {
+    local budget=$1 variant=$2 rep=$3
+    local name="b${budget}-${variant//:/-}-r$rep" limit flags=() env_extra=()
+    local budget_bytes=$((EXPERT_BYTES * budget / 100))
+    limit=$(((NON_EXPERT + budget_bytes + MARGIN) / 4096 * 4096)) # the kernel keeps whole pages
+    IFS=: read -r kind policy load io <<<"$variant"
+    case $kind in
+    ram) limit=$(($(awk '/MemTotal/ { print $2 }' /proc/meminfo) * 1024)) ;; # measured the same way, never binding
+    plain) ;;
+    lazy) flags=(--guanaco-streaming) ;;
+    guanaco)
+        flags=(--guanaco-streaming --guanaco-ram "$budget_bytes")
+        [ -n "${policy:-}" ] && flags+=(--guanaco-policy "$policy")
+        [ -n "${load:-}" ] && flags+=(--guanaco-load "$load")
+        [ -n "${io:-}" ] && flags+=(--guanaco-io "$io")
+        env_extra=(GUANACO_STATUS_EVERY=1 GUANACO_AUDIT=0 GUANACO_TRACE_OUT="$OUT/logs/$name.trace") ;;
+    *) die "unknown variant $variant" ;;
+    esac
+    [ -n "$REPLAY" ] && flags+=(--guanaco-trace-replay "$REPLAY")
+    "$BIN/evict_file" "$MODEL" >/dev/null
+    local cached
+    cached=$(fincore --bytes --noheadings --output RES "$MODEL" | tr -d ' ')
+    local wrap=(bash "$ROOT/tests/cgroup_run.sh" "$limit" --)
+    local rc=0
+    env "${env_extra[@]}" "${wrap[@]}" "$BIN/llama-bench" -m "$MODEL" -p "$PROMPT" -n "$TOKENS" -r 1 -t "$THREADS" \
+        -nr -o csv "${flags[@]}" >"$OUT/logs/$name.csv" 2>"$OUT/logs/$name.err" || rc=$?
+    local csv="$OUT/logs/$name.csv" err="$OUT/logs/$name.err"
+    local tg pp
+    tg=$(awk -F'"?,"?' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i }
+        NR > 1 && $c["n_gen"] + 0 > 0 { gsub(/"/, "", $c["avg_ts"]); print $c["avg_ts"] }' "$csv" | head -1)
+    pp=$(awk -F'"?,"?' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i }
+        NR > 1 && $c["n_prompt"] + 0 > 0 { gsub(/"/, "", $c["avg_ts"]); print $c["avg_ts"] }' "$csv" | head -1)
+    local cg read_bytes max_usage limit_seen
+    cg=$(grep -h '^cgroup:' "$csv" "$err" | tail -1 || true)
+    read_bytes=$(sed -n 's/.*read_bytes=\([0-9]*\).*/\1/p' <<<"$cg")
+    max_usage=$(sed -n 's/.*max_usage=\([0-9]*\).*/\1/p' <<<"$cg")
+    limit_seen=$(sed -n 's/.*limit=\([0-9]*\).*/\1/p' <<<"$cg")
+    if [ "${limit_seen:-0}" != "$limit" ]; then
+        echo "side_by_side: REFUSED: $name ran without its limit in force (asked $limit, cgroup says '${limit_seen:-none}')" >&2
+        exit 1
+    fi
+    if [ "$cached" -gt $((SIZE / 100)) ]; then
+        echo "side_by_side: REFUSED: $name started with $cached bytes of the model cached (page cache not dropped)" >&2
+        exit 1
+    fi
+    local final resident gib gbps miss stall
+    final=$(grep -h 'guanaco: residency: [0-9]* tokens' "$err" | tail -1 || true)
+    resident=$(sed -n 's/.*resident \([0-9.]*\)% of.*/\1/p' <<<"$final")
+    gib=$(sed -n 's/.* \([0-9.]*\) GiB read at.*/\1/p' <<<"$final")
+    gbps=$(sed -n 's/.*GiB read at \([0-9.]*\) GB\/s.*/\1/p' <<<"$final")
+    # the measured decode: the last TOKENS one-token status lines
+    miss=$(grep -h 'guanaco: status at token' "$err" | grep ': 1 tokens,' | tail -n "$TOKENS" |
+        sed -n 's/.* \([0-9.]*\) GiB read at.*/\1/p' | awk '{ s += $1; n++ } END { if (n) printf "%.0f", s * 1073741824 / n }' || true)
+    stall=$(grep -h 'guanaco: status at token' "$err" | grep ': 1 tokens,' | tail -n "$TOKENS" |
+        sed -n 's/.*stall \([0-9.]*\) ms\/token.*/\1/p' | awk '{ s += $1; n++ } END { if (n) printf "%.1f", s / n }' || true)
+    echo "$budget,$variant,$rep,$limit,${tg:-},${pp:-},${read_bytes:-},${max_usage:-},${resident:-},${gib:-},${gbps:-},${miss:-},${stall:-},$cached,$rc" >>"$RUNS"
+    printf '%4s%% %-28s rep %s: decode %6s tok/s, prompt %6s tok/s, read %6.2f GB, peak %6.2f GB%s%s\n' \
+        "$budget" "$variant" "$rep" "${tg:-FAIL}" "${pp:-FAIL}" "$(awk -v b="${read_bytes:-0}" 'BEGIN { print b / 1e9 }')" \
+        "$(awk -v b="${max_usage:-0}" 'BEGIN { print b / 1e9 }')" "${resident:+, resident $resident%}" \
+        "$([ $rc -ne 0 ] && echo ", rc=$rc (see $err)")"
+}
+
+echo "side_by_side: $(basename "$MODEL"): $((SIZE / 1000000)) MB, experts $((EXPERT_BYTES / 1000000)) MB, \
+non-expert $((NON_EXPERT / 1000000)) MB; fio $FIO_GBPS GB/s; routing: ${REPLAY:-llama-bench synthetic (random weights)}"
+fits_in_ram=$(awk -v s="$SIZE" '/MemAvailable/ { print (s + 1073741824 < $2 * 1024) ? 1 : 0 }' /proc/meminfo)
+for rep in $(seq 1 "$REPS"); do
+    if [[ " $VARIANTS " == *" ram "* ]] && [ "$fits_in_ram" = 1 ]; then
+        run 100 ram "$rep"
+    fi
+    for budget in $BUDGETS; do
+        for variant in $VARIANTS; do
+            [ "$variant" = ram ] && continue
+            run "$budget" "$variant" "$rep"
+        done
+    done
+done
+
+# ---- the report ----
+bash "$ROOT/bench/report.sh" --runs "$RUNS" --model "$MODEL" --out "$OUT" --fio-gbps "$FIO_GBPS" --tokens "$TOKENS" \
+    --prompt "$PROMPT" --expert-bytes "$EXPERT_BYTES" --title "${TITLE:-$(basename "$MODEL")}" \
+    --machine "$MACHINE" --disk "$DEVICE, readahead $READAHEAD sectors" --margin-mib "$MARGIN_MIB" \
+    --routing "${REPLAY:+replayed $(basename "$REPLAY")}${REPLAY:-llama-bench synthetic (random weights)}" \
+    ${COMPUTE_MS:+--compute-ms "$COMPUTE_MS"}
+echo "side_by_side: report in $OUT/report.md"
