@@ -10,6 +10,7 @@
  */
 #include "guanaco.h"
 #include "log.h"
+#include "policy.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -89,7 +90,7 @@ static int default_value(enum option_id id) {
     case OPTION_READAHEAD: return GUANACO_READAHEAD_NORMAL; /* measured fastest: README "Readahead" */
     case OPTION_LOG: return 1;
     case OPTION_AUDIT: return 1;
-    case OPTION_POLICY: return 2; /* layer-lru: best or tied on the real Mixtral traces (guanaco-sim) */
+    case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return 0;     /* uring */
     case OPTION_LOAD: return GUANACO_LOAD_DIRECT; /* measured faster: README "Making experts resident" */
     default: return 0;

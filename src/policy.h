@@ -49,11 +49,11 @@ enum guanaco_policy_kind {
     GUANACO_POLICY_GUANACO,
 };
 
-/* What --guanaco-policy means when it is not given: the best hit rate of the
-   four on the calibrated synthetic traces of tests/test_policy.c (layer-lru
-   is within 1.5 points at O(1); global lru collapses below one token's
-   working set). To be confirmed on recorded traces. */
-#define GUANACO_POLICY_DEFAULT GUANACO_POLICY_GUANACO
+/* What --guanaco-policy means when it is not given (src/options.c uses this):
+   layer-lru, best or tied at every budget on the recorded Mixtral traces
+   (guanaco-sim, README) at O(1) per access; global lru collapses below one
+   token's working set, and guanaco's pinning loses to plain recency there. */
+#define GUANACO_POLICY_DEFAULT GUANACO_POLICY_LAYER_LRU
 
 /* Half-life of decayed use counts when the config leaves it 0, in units of `now` (tokens). */
 #define GUANACO_POLICY_DEFAULT_HALF_LIFE 32.0

@@ -57,3 +57,17 @@ add_test(NAME residency COMMAND test_residency)
 set_tests_properties(residency PROPERTIES SKIP_RETURN_CODE 77) # tmpfs has no page cache to budget
 # The residency engine in a real decode: bit-identical under budgets, and the page cache really bounded.
 guanaco_script_test(residency_live test_residency_live.sh)
+# One engine shared by several contexts decoding from several threads at once, with and without a budget.
+guanaco_script_test(concurrent test_concurrent.sh)
+set_property(TEST concurrent APPEND PROPERTY ENVIRONMENT "CONCURRENT_DECODE=$<TARGET_FILE:concurrent_decode>")
+# guanaco-tracegen: a seed reproduces a trace, ids are distinct, each knob moves its statistic, and the
+# presets' measured statistics and LRU hit rates stay within stated tolerances of the real models'.
+guanaco_script_test(tracegen test_tracegen.sh)
+set_property(TEST tracegen APPEND PROPERTY ENVIRONMENT
+    "TRACEGEN=$<TARGET_FILE:guanaco-tracegen>" "SIM=$<TARGET_FILE:guanaco-sim>"
+    "TRACE_CONVERT=$<TARGET_FILE:guanaco-trace-convert>" "SHARED_DIR=${CMAKE_SOURCE_DIR}/../shared")
+# guanaco-plan on tiny synthetic models: a monotone table under the optimum, the --ram budget by the
+# engine's own rule, measured disk and estimated compute labelled, clean failures.
+guanaco_script_test(plan test_plan.sh)
+set_property(TEST plan APPEND PROPERTY ENVIRONMENT
+    "PLAN=$<TARGET_FILE:guanaco-plan>" "TRACEGEN=$<TARGET_FILE:guanaco-tracegen>")

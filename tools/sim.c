@@ -7,10 +7,11 @@
  * a CSV file and a gnuplot-rendered PNG of miss-ratio curves.
  *
  * This file owns only the command line and the glue: the geometry of a named
- * shape or a GGUF (expert bytes per layer), turning loaded traces into the
- * replay core's request trace (src/simulate.h), running the replays on a few
- * threads, and the output. The replays themselves are the library's, so the
- * numbers here are the ones the live engine's policy would produce.
+ * shape, running the replays on a few threads, and the output. A GGUF's
+ * geometry and the replay core's request trace (src/simulate.h) built from
+ * loaded traces come from tools/replay_input.h, shared with guanaco-plan.
+ * The replays themselves are the library's, so the numbers here are the
+ * ones the live engine's policy would produce.
  */
 #include "belady.h"
 #include "manifest.h"
@@ -18,6 +19,7 @@
 #include "simulate.h"
 #include "trace.h"
 #include "cli.h"
+#include "replay_input.h"
 
 #include <errno.h>
 #include <math.h>
@@ -62,17 +64,6 @@ static void print_usage(FILE *out) {
             DEFAULT_BUDGETS);
 }
 
-/* ---- model geometry: bytes of one expert in each layer ---- */
-
-struct sim_geometry {
-    char description[200];
-    uint32_t n_layer, n_expert, top_k;
-    uint64_t *expert_bytes;      /* n_layer entries; 0 = a layer without experts */
-    uint32_t n_moe_layers;
-    uint64_t total_expert_bytes; /* every expert of every layer: 100% */
-    uint64_t one_per_layer_bytes;/* one expert of each MoE layer: the unit of "Ne" budgets */
-};
-
 struct sim_named_shape {
     const char *name;
     uint32_t n_layer, n_expert, top_k;
@@ -97,17 +88,7 @@ static const struct sim_quant quants[] = {
 
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 
-static void geometry_finish(struct sim_geometry *geometry) {
-    for (uint32_t l = 0; l < geometry->n_layer; l++) {
-        if (geometry->expert_bytes[l] > 0) {
-            geometry->n_moe_layers++;
-            geometry->one_per_layer_bytes += geometry->expert_bytes[l];
-            geometry->total_expert_bytes += geometry->expert_bytes[l] * geometry->n_expert;
-        }
-    }
-}
-
-static int geometry_from_shape(const char *name, const char *quant_name, struct sim_geometry *out) {
+static int geometry_from_shape(const char *name, const char *quant_name, struct replay_geometry *out) {
     const struct sim_named_shape *shape = NULL;
     for (size_t i = 0; i < COUNT_OF(named_shapes); i++) {
         if (strcmp(named_shapes[i].name, name) == 0) {
@@ -141,39 +122,20 @@ static int geometry_from_shape(const char *name, const char *quant_name, struct 
         out->expert_bytes[l] = bytes;
     }
     snprintf(out->description, sizeof(out->description), "%s %s", shape->name, quant->name);
-    geometry_finish(out);
+    replay_geometry_finish(out);
     return 0;
 }
 
-static int geometry_from_model(const char *const *paths, size_t n_paths, struct sim_geometry *out) {
+static int geometry_from_model(const char *const *paths, size_t n_paths, struct replay_geometry *out) {
     struct guanaco_manifest manifest;
     int err = guanaco_manifest_load(paths[0], n_paths > 1 ? paths : NULL, n_paths > 1 ? n_paths : 0, &manifest);
     if (err != 0) {
         fprintf(stderr, PROG ": cannot read the model %s: %s\n", paths[0], strerror(-err));
         return err;
     }
-    if (manifest.n_tensors == 0 || manifest.n_expert <= 0 || manifest.n_expert_used <= 0) {
-        fprintf(stderr, PROG ": %s has no expert tensors (a dense model): nothing to simulate\n", paths[0]);
-        guanaco_manifest_free(&manifest);
-        return -EINVAL;
-    }
-    out->n_layer = (uint32_t)manifest.n_layer;
-    out->n_expert = (uint32_t)manifest.n_expert;
-    out->top_k = (uint32_t)manifest.n_expert_used;
-    out->expert_bytes = calloc(out->n_layer, sizeof(*out->expert_bytes));
-    if (!out->expert_bytes) {
-        guanaco_manifest_free(&manifest);
-        return -ENOMEM;
-    }
-    /* One expert of a layer is its slice of each of the layer's expert tensors (gate, up, down, ...). */
-    for (size_t i = 0; i < manifest.n_tensors; i++) {
-        out->expert_bytes[manifest.tensors[i].layer] += manifest.tensors[i].expert_stride;
-    }
-    const char *base = strrchr(paths[0], '/');
-    snprintf(out->description, sizeof(out->description), "%s (%s)", base ? base + 1 : paths[0], manifest.arch);
+    err = replay_geometry_from_manifest(PROG, &manifest, paths[0], out);
     guanaco_manifest_free(&manifest);
-    geometry_finish(out);
-    return 0;
+    return err;
 }
 
 /* ---- budgets ---- */
@@ -185,7 +147,7 @@ struct sim_budget {
 };
 
 /* A budget as N%, Ne (experts per layer) or a size with an optional unit. */
-static int parse_budget(const char *text, const struct sim_geometry *geometry, struct sim_budget *out) {
+static int parse_budget(const char *text, const struct replay_geometry *geometry, struct sim_budget *out) {
     size_t length = strlen(text);
     double bytes = -1;
     char *end = NULL;
@@ -231,126 +193,6 @@ static int parse_budget(const char *text, const struct sim_geometry *geometry, s
     out->bytes = (uint64_t)llround(bytes);
     out->percent = 100.0 * (double)out->bytes / (double)geometry->total_expert_bytes;
     return 0;
-}
-
-/* ---- the request trace, built from any number of loaded traces ---- */
-
-struct sim_requests {
-    size_t n_requests;
-    uint64_t *token;
-    uint32_t *layer;
-    size_t *start;      /* n_requests + 1 */
-    uint32_t *experts;
-    uint64_t n_tokens;  /* distinct (trace, sequence, token) positions */
-    uint64_t n_sequences;
-    size_t n_records;
-};
-
-struct sim_order {
-    uint32_t sequence, token, layer;
-    size_t record;
-};
-
-static int compare_order(const void *a, const void *b) {
-    const struct sim_order *x = a, *y = b;
-    if (x->sequence != y->sequence) return x->sequence < y->sequence ? -1 : 1;
-    if (x->token != y->token) return x->token < y->token ? -1 : 1;
-    if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
-    return x->record < y->record ? -1 : x->record > y->record;
-}
-
-/*
- * Appends one trace's records as requests, in (sequence, token, layer) order,
- * which is execution order for decode. Sequences follow each other and the
- * cache carries over, as for a server answering prompts in turn; a new
- * (sequence, token) is a new tick of the policies' clock.
- */
-static int append_trace(struct sim_requests *requests, const struct guanaco_trace *trace, const char *path,
-                        const struct sim_geometry *geometry) {
-    size_t n = trace->n_records;
-    uint32_t top_k = trace->shape.top_k;
-    if (n == 0) {
-        return 0;
-    }
-    size_t n_requests = requests->n_requests + n, n_experts = requests->start[requests->n_requests] + n * top_k;
-    uint64_t *token = realloc(requests->token, n_requests * sizeof(*token));
-    if (token) requests->token = token;
-    uint32_t *layer = realloc(requests->layer, n_requests * sizeof(*layer));
-    if (layer) requests->layer = layer;
-    size_t *start = realloc(requests->start, (n_requests + 1) * sizeof(*start));
-    if (start) requests->start = start;
-    uint32_t *experts = realloc(requests->experts, n_experts * sizeof(*experts));
-    if (experts) requests->experts = experts;
-    /* seen[id] == record + 1 when the record already named id: a repeated id needs no second slot */
-    size_t *seen = calloc(geometry->n_expert, sizeof(*seen));
-    struct sim_order *order = NULL;
-    bool sorted = true;
-    for (size_t i = 1; i < n && sorted; i++) {
-        struct sim_order a = {trace->sequence[i - 1], trace->token[i - 1], trace->layer[i - 1], i - 1};
-        struct sim_order b = {trace->sequence[i], trace->token[i], trace->layer[i], i};
-        sorted = compare_order(&a, &b) < 0;
-    }
-    if (!sorted) {
-        /* the engine appends in hook order, and several contexts may interleave */
-        order = malloc(n * sizeof(*order));
-        if (order) {
-            for (size_t i = 0; i < n; i++) {
-                order[i] = (struct sim_order){trace->sequence[i], trace->token[i], trace->layer[i], i};
-            }
-            qsort(order, n, sizeof(*order), compare_order);
-        }
-    }
-    if (!token || !layer || !start || !experts || !seen || (!sorted && !order)) {
-        free(seen);
-        free(order);
-        fprintf(stderr, PROG ": out of memory for the requests of %s\n", path);
-        return -ENOMEM;
-    }
-    size_t r = requests->n_requests, e = requests->start[r];
-    uint32_t last_sequence = 0, last_token = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t record = sorted ? i : order[i].record;
-        uint32_t sequence = trace->sequence[record], position = trace->token[record], l = trace->layer[record];
-        if (geometry->expert_bytes[l] == 0) {
-            fprintf(stderr, PROG ": %s: record %zu routes in layer %u, which has no experts in %s\n", path, record,
-                    l, geometry->description);
-            free(seen);
-            free(order);
-            return -EINVAL;
-        }
-        if (i == 0 || sequence != last_sequence) {
-            requests->n_sequences++;
-        }
-        if (i == 0 || sequence != last_sequence || position != last_token) {
-            requests->n_tokens++;
-        }
-        last_sequence = sequence;
-        last_token = position;
-        requests->token[r] = requests->n_tokens - 1;
-        requests->layer[r] = l;
-        requests->start[r] = e;
-        for (uint32_t k = 0; k < top_k; k++) {
-            uint32_t id = (uint32_t)trace->ids[record * top_k + k];
-            if (seen[id] != i + 1) {
-                seen[id] = i + 1;
-                requests->experts[e++] = id;
-            }
-        }
-        r++;
-    }
-    requests->start[r] = e;
-    requests->n_requests = r;
-    requests->n_records += n;
-    free(seen);
-    free(order);
-    return 0;
-}
-
-static void requests_free(struct sim_requests *requests) {
-    free(requests->token);
-    free(requests->layer);
-    free(requests->start);
-    free(requests->experts);
 }
 
 /* Misses no cache can avoid: the distinct (layer, expert) pairs the trace touches. */
@@ -677,20 +519,12 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
             print_usage(stdout);
             return -1;
         }
-        bool known = false;
-        for (size_t f = 0; f < COUNT_OF(with_value); f++) {
-            known = known || strcmp(arg, with_value[f]) == 0;
-        }
-        if (!known) {
-            fprintf(stderr, PROG ": %s %s\n", arg[0] == '-' ? "unknown option" : "unexpected argument", arg);
-            print_usage(stderr);
+        const char *value = NULL;
+        int taken = guanaco_cli_flag_value(PROG, argc, argv, &i, with_value, COUNT_OF(with_value), &value);
+        if (taken != 0) {
+            if (taken == -ENOENT) print_usage(stderr);
             return 2;
         }
-        if (i + 1 >= argc) {
-            fprintf(stderr, PROG ": %s needs a value\n", arg);
-            return 2;
-        }
-        const char *value = argv[++i];
         unsigned long whole = 0;
         if (strcmp(arg, "--trace") == 0) {
             options->traces[options->n_traces++] = value;
@@ -787,8 +621,8 @@ int main(int argc, char **argv) {
         return status < 0 ? 0 : status;
     }
     status = 1;
-    struct sim_geometry geometry = {0};
-    struct sim_requests requests = {0};
+    struct replay_geometry geometry = {0};
+    struct replay_requests requests = {0};
     struct sim_budget *budgets = calloc(MAX_BUDGETS, sizeof(*budgets));
     char *budget_text = strdup(options.budgets ? options.budgets : DEFAULT_BUDGETS);
     char *policy_text = strdup(options.policies ? options.policies : "all");
@@ -863,44 +697,19 @@ int main(int argc, char **argv) {
     clock_gettime(CLOCK_MONOTONIC, &clock_start);
     char sources[512] = "";
     for (size_t t = 0; t < options.n_traces; t++) {
-        struct guanaco_trace trace;
-        err = guanaco_trace_load(options.traces[t], &trace);
+        char source[256];
+        err = replay_add_trace_file(PROG, options.traces[t], &geometry, &requests, source, sizeof(source));
         if (err != 0) {
-            fprintf(stderr, PROG ": cannot replay %s: %s\n", options.traces[t], strerror(-err));
-            goto done;
-        }
-        if (guanaco_trace_shape_check(&trace.shape, geometry.n_layer, geometry.n_expert, geometry.top_k) != 0) {
-            fprintf(stderr,
-                    PROG ": %s was recorded on %u layers x %u experts, top-%u; %s has %u layers x %u experts, "
-                         "top-%u: refusing to replay it\n",
-                    options.traces[t], trace.shape.n_layer, trace.shape.n_expert, trace.shape.top_k,
-                    geometry.description, geometry.n_layer, geometry.n_expert, geometry.top_k);
-            guanaco_trace_free(&trace);
             goto done;
         }
         size_t used = strlen(sources);
-        snprintf(sources + used, sizeof(sources) - used, "%s%s", t ? " + " : "",
-                 trace.shape.source[0] ? trace.shape.source : options.traces[t]);
-        err = append_trace(&requests, &trace, options.traces[t], &geometry);
-        guanaco_trace_free(&trace);
-        if (err != 0) {
-            goto done;
-        }
+        snprintf(sources + used, sizeof(sources) - used, "%s%s", t ? " + " : "", source);
     }
     if (requests.n_requests == 0) {
         fprintf(stderr, PROG ": the traces hold no routing decisions: nothing to replay\n");
         goto done;
     }
-    struct guanaco_request_trace replay = {
-        .n_layer = geometry.n_layer,
-        .n_expert = geometry.n_expert,
-        .expert_bytes = geometry.expert_bytes,
-        .n_requests = requests.n_requests,
-        .request_token = requests.token,
-        .request_layer = requests.layer,
-        .request_start = requests.start,
-        .experts = requests.experts,
-    };
+    struct guanaco_request_trace replay = replay_request_trace(&geometry, &requests);
     double load_seconds = seconds_since(&clock_start);
     uint64_t compulsory = count_compulsory(&replay);
     printf("traces       %zu (%s): %llu sequences, %llu tokens, %zu records, %zu expert accesses\n",
@@ -1007,7 +816,7 @@ done:
     if (csv) fclose(csv);
     free(jobs);
     free(points);
-    requests_free(&requests);
+    replay_requests_free(&requests);
     free(geometry.expert_bytes);
     free(budgets);
     free(budget_text);

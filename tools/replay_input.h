@@ -1,0 +1,233 @@
+/*
+ * replay_input.h - owns what guanaco-sim and guanaco-plan share to replay
+ * routing: a model's geometry (bytes of one expert in each layer, from its
+ * GGUF manifest) and the replay core's request trace (src/simulate.h) built
+ * from loaded routing traces (src/trace.h). Static inline functions, so each
+ * tool compiles only what it uses; `program` prefixes the messages.
+ */
+#ifndef GUANACO_TOOLS_REPLAY_INPUT_H
+#define GUANACO_TOOLS_REPLAY_INPUT_H
+
+#include "manifest.h"
+#include "simulate.h"
+#include "trace.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- model geometry: bytes of one expert in each layer ---- */
+
+struct replay_geometry {
+    char description[200];
+    uint32_t n_layer, n_expert, top_k;
+    uint64_t *expert_bytes;      /* n_layer entries; 0 = a layer without experts */
+    uint32_t n_moe_layers;
+    uint64_t total_expert_bytes; /* every expert of every layer: 100% */
+    uint64_t one_per_layer_bytes;/* one expert of each MoE layer: the unit of "Ne" budgets */
+};
+
+static inline void replay_geometry_finish(struct replay_geometry *geometry) {
+    for (uint32_t l = 0; l < geometry->n_layer; l++) {
+        if (geometry->expert_bytes[l] > 0) {
+            geometry->n_moe_layers++;
+            geometry->one_per_layer_bytes += geometry->expert_bytes[l];
+            geometry->total_expert_bytes += geometry->expert_bytes[l] * geometry->n_expert;
+        }
+    }
+}
+
+/* The geometry of a loaded manifest; `path` names the model in messages and the description.
+   -EINVAL after a message for a dense model, or -ENOMEM. */
+static inline int replay_geometry_from_manifest(const char *program, const struct guanaco_manifest *manifest,
+                                                const char *path, struct replay_geometry *out) {
+    if (manifest->n_tensors == 0 || manifest->n_expert <= 0 || manifest->n_expert_used <= 0) {
+        fprintf(stderr, "%s: %s has no expert tensors (a dense model): nothing to replay\n", program, path);
+        return -EINVAL;
+    }
+    out->n_layer = (uint32_t)manifest->n_layer;
+    out->n_expert = (uint32_t)manifest->n_expert;
+    out->top_k = (uint32_t)manifest->n_expert_used;
+    out->expert_bytes = calloc(out->n_layer, sizeof(*out->expert_bytes));
+    if (!out->expert_bytes) {
+        return -ENOMEM;
+    }
+    /* One expert of a layer is its slice of each of the layer's expert tensors (gate, up, down, ...). */
+    for (size_t i = 0; i < manifest->n_tensors; i++) {
+        out->expert_bytes[manifest->tensors[i].layer] += manifest->tensors[i].expert_stride;
+    }
+    const char *base = strrchr(path, '/');
+    snprintf(out->description, sizeof(out->description), "%s (%s)", base ? base + 1 : path, manifest->arch);
+    replay_geometry_finish(out);
+    return 0;
+}
+
+/* ---- the request trace, built from any number of loaded traces ---- */
+
+struct replay_requests {
+    size_t n_requests;
+    uint64_t *token;
+    uint32_t *layer;
+    size_t *start;      /* n_requests + 1 */
+    uint32_t *experts;
+    uint64_t n_tokens;  /* distinct (trace, sequence, token) positions */
+    uint64_t n_sequences;
+    size_t n_records;
+};
+
+struct replay_order {
+    uint32_t sequence, token, layer;
+    size_t record;
+};
+
+static inline int replay_compare_order(const void *a, const void *b) {
+    const struct replay_order *x = a, *y = b;
+    if (x->sequence != y->sequence) return x->sequence < y->sequence ? -1 : 1;
+    if (x->token != y->token) return x->token < y->token ? -1 : 1;
+    if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
+    return x->record < y->record ? -1 : x->record > y->record;
+}
+
+/*
+ * Appends one trace's records as requests, in (sequence, token, layer) order,
+ * which is execution order for decode. Sequences follow each other and the
+ * cache carries over, as for a server answering prompts in turn; a new
+ * (sequence, token) is a new tick of the policies' clock.
+ */
+static inline int replay_append_trace(const char *program, struct replay_requests *requests,
+                                      const struct guanaco_trace *trace, const char *path,
+                                      const struct replay_geometry *geometry) {
+    size_t n = trace->n_records;
+    uint32_t top_k = trace->shape.top_k;
+    if (n == 0) {
+        return 0;
+    }
+    size_t n_requests = requests->n_requests + n, n_experts = requests->start[requests->n_requests] + n * top_k;
+    uint64_t *token = realloc(requests->token, n_requests * sizeof(*token));
+    if (token) requests->token = token;
+    uint32_t *layer = realloc(requests->layer, n_requests * sizeof(*layer));
+    if (layer) requests->layer = layer;
+    size_t *start = realloc(requests->start, (n_requests + 1) * sizeof(*start));
+    if (start) requests->start = start;
+    uint32_t *experts = realloc(requests->experts, n_experts * sizeof(*experts));
+    if (experts) requests->experts = experts;
+    /* seen[id] == record + 1 when the record already named id: a repeated id needs no second slot */
+    size_t *seen = calloc(geometry->n_expert, sizeof(*seen));
+    struct replay_order *order = NULL;
+    bool sorted = true;
+    for (size_t i = 1; i < n && sorted; i++) {
+        struct replay_order a = {trace->sequence[i - 1], trace->token[i - 1], trace->layer[i - 1], i - 1};
+        struct replay_order b = {trace->sequence[i], trace->token[i], trace->layer[i], i};
+        sorted = replay_compare_order(&a, &b) < 0;
+    }
+    if (!sorted) {
+        /* the engine appends in hook order, and several contexts may interleave */
+        order = malloc(n * sizeof(*order));
+        if (order) {
+            for (size_t i = 0; i < n; i++) {
+                order[i] = (struct replay_order){trace->sequence[i], trace->token[i], trace->layer[i], i};
+            }
+            qsort(order, n, sizeof(*order), replay_compare_order);
+        }
+    }
+    if (!token || !layer || !start || !experts || !seen || (!sorted && !order)) {
+        free(seen);
+        free(order);
+        fprintf(stderr, "%s: out of memory for the requests of %s\n", program, path);
+        return -ENOMEM;
+    }
+    size_t r = requests->n_requests, e = requests->start[r];
+    uint32_t last_sequence = 0, last_token = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t record = sorted ? i : order[i].record;
+        uint32_t sequence = trace->sequence[record], position = trace->token[record], l = trace->layer[record];
+        if (geometry->expert_bytes[l] == 0) {
+            fprintf(stderr, "%s: %s: record %zu routes in layer %u, which has no experts in %s\n", program, path,
+                    record, l, geometry->description);
+            free(seen);
+            free(order);
+            return -EINVAL;
+        }
+        if (i == 0 || sequence != last_sequence) {
+            requests->n_sequences++;
+        }
+        if (i == 0 || sequence != last_sequence || position != last_token) {
+            requests->n_tokens++;
+        }
+        last_sequence = sequence;
+        last_token = position;
+        requests->token[r] = requests->n_tokens - 1;
+        requests->layer[r] = l;
+        requests->start[r] = e;
+        for (uint32_t k = 0; k < top_k; k++) {
+            uint32_t id = (uint32_t)trace->ids[record * top_k + k];
+            if (seen[id] != i + 1) {
+                seen[id] = i + 1;
+                requests->experts[e++] = id;
+            }
+        }
+        r++;
+    }
+    requests->start[r] = e;
+    requests->n_requests = r;
+    requests->n_records += n;
+    free(seen);
+    free(order);
+    return 0;
+}
+
+static inline void replay_requests_free(struct replay_requests *requests) {
+    free(requests->token);
+    free(requests->layer);
+    free(requests->start);
+    free(requests->experts);
+}
+
+/*
+ * Loads the trace at `path`, refuses it (after a message) unless it was
+ * recorded on the geometry's shape, and appends its requests. `source`
+ * (source_size bytes) receives the trace's source text, or the path when it
+ * has none. 0, or a negative errno after a message.
+ */
+static inline int replay_add_trace_file(const char *program, const char *path, const struct replay_geometry *geometry,
+                                        struct replay_requests *requests, char *source, size_t source_size) {
+    struct guanaco_trace trace;
+    int err = guanaco_trace_load(path, &trace);
+    if (err != 0) {
+        fprintf(stderr, "%s: cannot replay %s: %s\n", program, path, strerror(-err));
+        return err;
+    }
+    if (guanaco_trace_shape_check(&trace.shape, geometry->n_layer, geometry->n_expert, geometry->top_k) != 0) {
+        fprintf(stderr,
+                "%s: %s was recorded on %u layers x %u experts, top-%u; %s has %u layers x %u experts, "
+                "top-%u: refusing to replay it\n",
+                program, path, trace.shape.n_layer, trace.shape.n_expert, trace.shape.top_k, geometry->description,
+                geometry->n_layer, geometry->n_expert, geometry->top_k);
+        guanaco_trace_free(&trace);
+        return -EINVAL;
+    }
+    snprintf(source, source_size, "%s", trace.shape.source[0] ? trace.shape.source : path);
+    err = replay_append_trace(program, requests, &trace, path, geometry);
+    guanaco_trace_free(&trace);
+    return err;
+}
+
+/* The replay core's view of the requests: borrowed arrays, valid while both arguments live. */
+static inline struct guanaco_request_trace replay_request_trace(const struct replay_geometry *geometry,
+                                                                const struct replay_requests *requests) {
+    return (struct guanaco_request_trace){
+        .n_layer = geometry->n_layer,
+        .n_expert = geometry->n_expert,
+        .expert_bytes = geometry->expert_bytes,
+        .n_requests = requests->n_requests,
+        .request_token = requests->token,
+        .request_layer = requests->layer,
+        .request_start = requests->start,
+        .experts = requests->experts,
+    };
+}
+
+#endif
