@@ -56,6 +56,7 @@ static void print_usage(FILE *out) {
             "  --policies LIST     comma-separated from lru,lfu,layer-lru,guanaco, or all (default);\n"
             "                      belady, the offline optimum, is always replayed\n"
             "  --per-layer-cap N   most resident experts per layer for the policies (belady is not capped)\n"
+            "  --half-life T       tokens over which use counts halve (lfu, guanaco); default 32\n"
             "  --csv OUT.csv       also write the table as CSV\n"
             "  --plot OUT.png      also draw miss ratio against budget with gnuplot\n"
             "  --disk-gbps X       with --compute-ms: disk read speed in GB/s, for predicted tokens/s\n"
@@ -230,6 +231,7 @@ struct sim_pool {
     const struct guanaco_request_trace *trace;
     const struct sim_budget *budgets;
     uint32_t per_layer_cap;
+    double half_life;
     struct sim_job *jobs;
     size_t n_jobs, next;
     pthread_mutex_t lock;
@@ -245,6 +247,7 @@ static void run_job(const struct sim_pool *pool, struct sim_job *job) {
         .kind = (enum guanaco_policy_kind)job->kind,
         .budget_bytes = budget,
         .max_per_layer = pool->per_layer_cap,
+        .half_life = pool->half_life,
     };
     job->exact = true;
     job->err = guanaco_simulate(pool->trace, &config, &job->stats);
@@ -481,6 +484,7 @@ struct sim_options {
     size_t n_models;
     const char *shape, *quant, *budgets, *policies, *csv, *plot;
     uint32_t per_layer_cap;
+    double half_life;
     double disk_gbps, compute_ms;
     bool have_disk_gbps, have_compute_ms;
     unsigned long threads;
@@ -512,7 +516,8 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
     }
     static const char *const with_value[] = {"--trace",   "--shape",   "--quant",         "--model",
                                              "--budgets", "--policies", "--per-layer-cap", "--csv",
-                                             "--plot",    "--disk-gbps", "--compute-ms",   "--threads"};
+                                             "--plot",    "--disk-gbps", "--compute-ms",   "--threads",
+                                             "--half-life"};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
@@ -545,6 +550,8 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         } else if (strcmp(arg, "--per-layer-cap") == 0) {
             if (parse_whole(arg, value, GUANACO_TRACE_MAX_EXPERTS, &whole) != 0) return 2;
             options->per_layer_cap = (uint32_t)whole;
+        } else if (strcmp(arg, "--half-life") == 0) {
+            if (parse_positive(arg, value, &options->half_life) != 0) return 2;
         } else if (strcmp(arg, "--threads") == 0) {
             if (parse_whole(arg, value, 64, &whole) != 0) return 2;
             options->threads = whole;
@@ -738,7 +745,8 @@ int main(int argc, char **argv) {
         if (!lru_listed) row[1 + n_kinds].kind = GUANACO_POLICY_LRU;
         for (size_t j = 0; j < per_budget; j++) row[j].budget = b;
     }
-    struct sim_pool pool = {&replay, budgets, options.per_layer_cap, jobs, n_jobs, 0, PTHREAD_MUTEX_INITIALIZER};
+    struct sim_pool pool = {&replay, budgets, options.per_layer_cap, options.half_life, jobs, n_jobs, 0,
+                            PTHREAD_MUTEX_INITIALIZER};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     clock_gettime(CLOCK_MONOTONIC, &clock_start);
     run_jobs(&pool, options.threads ? options.threads : (size_t)(cpus > 0 ? cpus : 1));
