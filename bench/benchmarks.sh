@@ -57,9 +57,11 @@ if [ "${1:-}" != --assemble ]; then
     bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --budgets "10 25 50 100" --variants "ram plain guanaco" \
         --tokens "$TOKENS" --prompt 0 --reps "$REPS" --out "$DIR/qwen3-random" \
         --title "Qwen3-30B-A3B shape, Q4_0, llama-bench's routing"
-    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --budgets 25 --tokens "$TOKENS" --prompt 32 --reps "$REPS" \
+    qwen_ms=$(grep -o 'in-RAM compute per token: [0-9.]* ms' "$DIR/qwen3-random/report.md" | grep -o '[0-9.]* ms' | cut -d' ' -f1)
+    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 --tokens "$TOKENS" \
+        --prompt 32 --reps "$REPS" --compute-ms "$qwen_ms" \
         --variants "plain lazy guanaco:layer-lru:direct:uring guanaco:layer-lru:page-cache:uring guanaco:layer-lru:direct:threads guanaco:lru guanaco:lfu guanaco:guanaco" \
-        --out "$DIR/qwen3-variants" --title "Qwen3-30B-A3B shape, Q4_0, 25% budget: every variant"
+        --out "$DIR/qwen3-variants" --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25% budget: every variant"
     bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets "10 25 50" \
         --variants "plain guanaco" --tokens "$TOKENS" --prompt 0 --reps "$REPS" --compute-ms "$mixtral_ms" \
         --out "$DIR/mixtral-replay" --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing (humaneval)"

@@ -31,10 +31,15 @@ stat_of() { # stat_of BUDGET VARIANT COLUMN
         }' "$RUNS"
 }
 
-# In-RAM compute time per token: the ram variant's decode, unless given.
+# In-RAM compute time per token, unless given: the faster of the ram variant and plain llama.cpp at a 100%
+# budget, which has prefetched the whole file at load and so decodes from RAM too.
+COMPUTE_SOURCE="given"
 if [ -z "$COMPUTE_MS" ]; then
     read -r ram_tg _ <<<"$(stat_of 100 ram tg_ts)"
-    [ "$ram_tg" != "-" ] && COMPUTE_MS=$(awk -v t="$ram_tg" 'BEGIN { printf "%.1f", 1000 / t }')
+    read -r full_tg _ <<<"$(stat_of 100 plain tg_ts)"
+    best=$(awk -v a="$ram_tg" -v b="$full_tg" 'BEGIN { a = a == "-" ? 0 : a; b = b == "-" ? 0 : b; print a > b ? a : b }')
+    [ "$best" != 0 ] && COMPUTE_MS=$(awk -v t="$best" 'BEGIN { printf "%.1f", 1000 / t }')
+    COMPUTE_SOURCE="the faster of everything-in-RAM and plain llama.cpp at 100%"
 fi
 budgets=$(awk -F, 'NR > 1 && $2 != "ram" { print $1 }' "$RUNS" | sort -nu | tr '\n' ' ')
 variants=$(awk -F, 'NR > 1 && $2 != "ram" { if (!seen[$2]++) print $2 }' "$RUNS" | tr '\n' ' ')
@@ -48,7 +53,7 @@ model=$MODEL
     echo "- routing: $ROUTING"
     echo "- limit per budget: non-expert bytes + budget + ${MARGIN_MIB} MiB (cgroup v1 memory.limit_in_bytes); page cache of the model dropped before every run"
     echo "- decode: llama-bench -n $TOKENS after its warmup token${PROMPT:+, prompt: -p $PROMPT}; -nr (no repacking) in every run"
-    echo "- in-RAM compute per token: ${COMPUTE_MS:-unknown} ms$( [ -n "$COMPUTE_MS" ] && echo "")"
+    echo "- in-RAM compute per token: ${COMPUTE_MS:-unknown} ms ($COMPUTE_SOURCE)"
     echo "- reps per cell: $(awk -F, 'NR > 1 { print $3 }' "$RUNS" | sort -nu | tail -1); cells show the median and, with more than one rep, [min-max]"
     echo
     read -r ram_tg ram_min ram_max _ <<<"$(stat_of 100 ram tg_ts)"

@@ -153,7 +153,7 @@ run() {
         sed -n 's/.*stall \([0-9.]*\) ms\/token.*/\1/p' | awk '{ s += $1; n++ } END { if (n) printf "%.1f", s / n }' || true)
     echo "$budget,$variant,$rep,$limit,${tg:-},${pp:-},${read_bytes:-},${max_usage:-},${resident:-},${gib:-},${gbps:-},${miss:-},${stall:-},$cached,$rc" >>"$RUNS"
     printf '%4s%% %-28s rep %s: decode %6s tok/s, prompt %6s tok/s, read %6.2f GB, peak %6.2f GB%s%s\n' \
-        "$budget" "$variant" "$rep" "${tg:-FAIL}" "${pp:-FAIL}" "$(awk -v b="${read_bytes:-0}" 'BEGIN { print b / 1e9 }')" \
+        "$budget" "$variant" "$rep" "${tg:-FAIL}" "$([ "$PROMPT" = 0 ] && echo - || echo "${pp:-FAIL}")" "$(awk -v b="${read_bytes:-0}" 'BEGIN { print b / 1e9 }')" \
         "$(awk -v b="${max_usage:-0}" 'BEGIN { print b / 1e9 }')" "${resident:+, resident $resident%}" \
         "$([ $rc -ne 0 ] && echo ", rc=$rc (see $err)")"
 }

@@ -63,6 +63,7 @@ struct guanaco_options {
     enum guanaco_load_mode load; /* --guanaco-load */
     uint32_t status_every; /* --guanaco-status-every: tokens between status lines */
     bool audit;            /* --guanaco-audit: mincore check on each status line */
+    bool preload;          /* --guanaco-preload: fill the budget at load */
 };
 
 /*

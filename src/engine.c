@@ -299,6 +299,8 @@ static uint64_t automatic_budget(const struct guanaco_manifest *m) {
     return budget;
 }
 
+static int preload(struct guanaco_engine *engine, uint64_t budget);
+
 static int start_residency(struct guanaco_engine *engine, char *const *mapping_base) {
     const struct guanaco_manifest *m = &engine->manifest;
     const struct guanaco_options *o = &engine->options;
@@ -385,6 +387,9 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     if ((err = guanaco_residency_drop_unaccounted(engine->residency)) < 0) {
         return err;
     }
+    if (o->preload && (err = preload(engine, budget)) < 0) {
+        return err;
+    }
     struct guanaco_residency_stats started;
     guanaco_residency_get_stats(engine->residency, &started);
     guanaco_log_info("residency: budget %.2f GiB of %.2f GiB expert weights (%.0f%%), max %u experts per layer, "
@@ -394,6 +399,60 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
                      load_name(started.load), o->status_every);
     engine->status_last_ns = now_ns();
     return 0;
+}
+
+/*
+ * --guanaco-preload: plain llama.cpp reads the whole file at load
+ * (WILLNEED / MAP_POPULATE) and then decodes from RAM when it fits; without
+ * the same start, Guanaco would pay for every first touch during decode.
+ * Each MoE layer gets its share of the budget (in proportion to its expert
+ * bytes, as layer-lru divides it), filled with its lowest-numbered experts:
+ * nothing is known yet about which are hot. The reads go through the normal
+ * path, one layer per batch, so they are large and contiguous.
+ */
+static int preload(struct guanaco_engine *engine, uint64_t budget) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    uint64_t *layer_bytes = calloc((size_t)m->n_layer, sizeof(*layer_bytes));
+    int32_t *ids = calloc((size_t)m->n_expert, sizeof(*ids));
+    if (!layer_bytes || !ids) {
+        free(layer_bytes);
+        free(ids);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        layer_bytes[m->tensors[i].layer] += m->tensors[i].expert_stride;
+    }
+    uint64_t start = now_ns();
+    int err = 0;
+    for (int layer = 0; layer < m->n_layer && err == 0; layer++) {
+        if (!layer_bytes[layer]) {
+            continue;
+        }
+        /* this layer's share of the budget, in whole experts */
+        double share = (double)budget * (double)layer_bytes[layer] * (double)m->n_expert / (double)m->expert_bytes;
+        uint64_t fit = (uint64_t)(share / (double)layer_bytes[layer]);
+        uint64_t n = fit < (uint64_t)m->n_expert ? fit : (uint64_t)m->n_expert;
+        if (engine->options.max_experts && n > engine->options.max_experts) {
+            n = engine->options.max_experts;
+        }
+        for (uint64_t e = 0; e < n; e++) {
+            ids[e] = (int32_t)e;
+        }
+        if (n) {
+            err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, (size_t)n, 0);
+        }
+    }
+    double seconds = (double)(now_ns() - start) / 1e9;
+    guanaco_residency_get_stats(engine->residency, &engine->after_preload);
+    engine->status_last = engine->after_preload;
+    if (err == 0) {
+        guanaco_log_info("preload: %llu experts, %.2f GiB in %.1f s (%.2f GB/s)",
+                         (unsigned long long)engine->after_preload.expert_loads, gib(engine->after_preload.bytes_read),
+                         seconds, seconds > 0 ? (double)engine->after_preload.bytes_read / seconds / 1e9 : 0.0);
+    }
+    free(layer_bytes);
+    free(ids);
+    return err;
 }
 
 int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const int32_t *ids, size_t n_ids,
@@ -577,7 +636,8 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
         char tail[160];
         snprintf(tail, sizeof(tail), ", peak %.2f GiB resident, %llu failed loads, load %s", gib(st.peak_resident_bytes),
                  (unsigned long long)st.load_failures, load_name(st.load));
-        log_residency("residency", &st, &(struct guanaco_residency_stats){0}, atomic_load(&engine->tokens_done), tail);
+        /* the preload is reported on its own line: these are the decode's */
+        log_residency("residency", &st, &engine->after_preload, atomic_load(&engine->tokens_done), tail);
         guanaco_residency_destroy(engine->residency);
     }
     for (int s = 0; engine->shard_fds && s < engine->manifest.n_shards; s++) {

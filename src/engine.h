@@ -40,6 +40,7 @@ struct guanaco_engine {
     _Atomic uint64_t tokens_done;              /* tokens through the last MoE layer, all contexts */
     pthread_mutex_t status_lock;               /* one status line at a time, and status_last */
     struct guanaco_residency_stats status_last; /* at the previous status line */
+    struct guanaco_residency_stats after_preload; /* what the preload did, left out of the closing line */
     uint64_t status_last_tokens, status_last_ns;
 };
 

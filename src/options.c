@@ -42,7 +42,7 @@ static const char *const load_choices[] = {"page-cache", "direct", NULL};
 
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
-    OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_COUNT
+    OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -72,6 +72,9 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_AUDIT] = {"guanaco-audit", "GUANACO_AUDIT", OPTION_BOOL, NULL,
                       "check the accounting against mincore on each status line (default: on; the walk costs "
                       "tens of ms per 10 GB of experts)"},
+    [OPTION_PRELOAD] = {"guanaco-preload", "GUANACO_PRELOAD", OPTION_BOOL, NULL,
+                        "fill the budget at load with large sequential reads, as plain llama.cpp prefetches the "
+                        "file (default: on)"},
 };
 
 struct option_state {
@@ -90,6 +93,7 @@ static int default_value(enum option_id id) {
     case OPTION_READAHEAD: return GUANACO_READAHEAD_NORMAL; /* measured fastest: README "Readahead" */
     case OPTION_LOG: return 1;
     case OPTION_AUDIT: return 1;
+    case OPTION_PRELOAD: return 1;
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return 0;     /* uring */
     case OPTION_LOAD: return GUANACO_LOAD_DIRECT; /* measured faster: README "Making experts resident" */
@@ -266,6 +270,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->io = value[OPTION_IO];
     out->load = (enum guanaco_load_mode)value[OPTION_LOAD];
     out->audit = value[OPTION_AUDIT] != 0;
+    out->preload = value[OPTION_PRELOAD] != 0;
     out->status_every = value[OPTION_STATUS_EVERY] ? (uint32_t)number[OPTION_STATUS_EVERY] : GUANACO_DEFAULT_STATUS_EVERY;
     guanaco_log_set_enabled(out->log);
     return err;
