@@ -34,6 +34,9 @@
 
 #include "llama.h"
 
+#define TEST_PROGRAM "concurrent_decode"
+#include "llama_test_util.h"
+
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -51,15 +54,6 @@
 
 static const char MAGIC[8] = {'G', 'N', 'C', 'C', 'O', 'N', 'C', '1'};
 
-static void say(const char * fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("concurrent_decode: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
 // Warnings and errors only (CONT lines inherit the level of the line they continue): llama.cpp's
 // INFO chatter would bury Guanaco's lines, which the script greps.
 static void log_cb(enum ggml_log_level level, const char * text, void * user_data) {
@@ -71,22 +65,6 @@ static void log_cb(enum ggml_log_level level, const char * text, void * user_dat
     if (last == GGML_LOG_LEVEL_WARN || last == GGML_LOG_LEVEL_ERROR) {
         fputs(text, stderr);
     }
-}
-
-static bool parse_int(const char * flag, const char * s, long lo, long hi, long * out) {
-    if (s == NULL) {
-        say("%s needs a value", flag);
-        return false;
-    }
-    char * end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
-        say("invalid value '%s' for %s (expected an integer in [%ld, %ld])", s, flag, lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
 }
 
 static void usage(void) {
@@ -127,32 +105,6 @@ struct thread_arg {
     struct worker * worker;
     const struct workload * load;
 };
-
-// Fixed LCG (Numerical Recipes constants): the token sequences must be the same in every run.
-static uint32_t lcg_next(uint32_t * state) {
-    *state = *state * 1664525u + 1013904223u;
-    return *state;
-}
-
-// Greedy argmax; ties resolve to the lowest id so the choice is deterministic.
-static llama_token argmax(const float * row, int32_t n_vocab) {
-    llama_token best = 0;
-    for (int32_t j = 1; j < n_vocab; ++j) {
-        if (row[j] > row[best]) {
-            best = j;
-        }
-    }
-    return best;
-}
-
-static uint64_t fnv1a(uint64_t h, const void * data, size_t n) {
-    const unsigned char * p = data;
-    for (size_t i = 0; i < n; ++i) {
-        h ^= p[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
 
 // A user eval callback, so Guanaco's hook has something to chain. It asks only for the router
 // nodes Guanaco asks for anyway (no extra scheduler synchronisation), counts them per context,

@@ -24,6 +24,9 @@
 
 #include "llama.h"
 
+#define TEST_PROGRAM "logits_dump"
+#include "llama_test_util.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -37,15 +40,6 @@
 #define N_CTX 512u
 
 static const char MAGIC[8] = {'G', 'N', 'C', 'L', 'O', 'G', 'T', '1'};
-
-static void die_msg(const char * fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("logits_dump: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
 
 // Keep llama.cpp quiet unless asked: the bad-input tests grep stderr for our own message, and
 // the INFO chatter (hundreds of lines per load) makes failures hard to read. CONT lines inherit
@@ -61,65 +55,21 @@ static void log_cb(enum ggml_log_level level, const char * text, void * user_dat
     }
 }
 
-static bool parse_int(const char * flag, const char * s, long lo, long hi, long * out) {
-    if (s == NULL) {
-        die_msg("%s needs a value", flag);
-        return false;
-    }
-    char * end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
-        die_msg("invalid value '%s' for %s (expected an integer in [%ld, %ld])", s, flag, lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
 static void usage(void) {
     fprintf(stderr,
         "usage: logits_dump MODEL.gguf OUT.bin [--threads N] [--prompt-tokens N] [--gen-tokens N]\n"
         "                   [--no-repack] [--ubatch N]\n");
 }
 
-// Fixed LCG (Numerical Recipes constants): the token sequence must be identical across runs,
-// builds and machines, so no rand()/time().
-static uint32_t lcg_next(uint32_t * state) {
-    *state = *state * 1664525u + 1013904223u;
-    return *state;
-}
-
 // Checks all values are finite; reports the first offender.
 static bool check_finite(const float * row, int32_t n_vocab, int32_t row_idx) {
     for (int32_t j = 0; j < n_vocab; ++j) {
         if (!isfinite(row[j])) {
-            die_msg("non-finite logit at row %d, token %d (value %f)", (int) row_idx, (int) j, (double) row[j]);
+            say("non-finite logit at row %d, token %d (value %f)", (int) row_idx, (int) j, (double) row[j]);
             return false;
         }
     }
     return true;
-}
-
-// Greedy argmax; ties resolve to the lowest id so the choice is deterministic.
-static llama_token argmax(const float * row, int32_t n_vocab) {
-    llama_token best = 0;
-    for (int32_t j = 1; j < n_vocab; ++j) {
-        if (row[j] > row[best]) {
-            best = j;
-        }
-    }
-    return best;
-}
-
-// FNV-1a over the raw bytes: printed so a human can eyeball two runs without cmp.
-static uint64_t fnv1a(uint64_t h, const void * data, size_t n) {
-    const unsigned char * p = data;
-    for (size_t i = 0; i < n; ++i) {
-        h ^= p[i];
-        h *= 1099511628211ull;
-    }
-    return h;
 }
 
 // Anonymous memory (kB) from /proc/self/status, or -1 where that file does not exist.
@@ -181,7 +131,7 @@ int main(int argc, char ** argv) {
             usage();
             return 0;
         } else if (a[0] == '-' && a[1] == '-') {
-            die_msg("unknown option '%s'", a);
+            say("unknown option '%s'", a);
             usage();
             return 2;
         } else if (model_path == NULL) {
@@ -189,18 +139,18 @@ int main(int argc, char ** argv) {
         } else if (out_path == NULL) {
             out_path = a;
         } else {
-            die_msg("unexpected argument '%s'", a);
+            say("unexpected argument '%s'", a);
             usage();
             return 2;
         }
     }
     if (model_path == NULL || out_path == NULL) {
-        die_msg("MODEL.gguf and OUT.bin are required");
+        say("MODEL.gguf and OUT.bin are required");
         usage();
         return 2;
     }
     if (n_prompt + n_gen > (long) N_CTX) {
-        die_msg("--prompt-tokens + --gen-tokens (%ld) exceeds the context size %u", n_prompt + n_gen, N_CTX);
+        say("--prompt-tokens + --gen-tokens (%ld) exceeds the context size %u", n_prompt + n_gen, N_CTX);
         return 2;
     }
 
@@ -229,14 +179,14 @@ int main(int argc, char ** argv) {
 
     model = llama_model_load_from_file(model_path, mparams);
     if (model == NULL) {
-        die_msg("failed to load model '%s' (missing, not a GGUF, truncated or unsupported)", model_path);
+        say("failed to load model '%s' (missing, not a GGUF, truncated or unsupported)", model_path);
         goto done;
     }
 
     const struct llama_vocab * vocab = llama_model_get_vocab(model);
     const int32_t n_vocab = llama_vocab_n_tokens(vocab);
     if (n_vocab <= 0) {
-        die_msg("model has an empty vocabulary (n_vocab = %d)", (int) n_vocab);
+        say("model has an empty vocabulary (n_vocab = %d)", (int) n_vocab);
         goto done;
     }
 
@@ -259,14 +209,14 @@ int main(int argc, char ** argv) {
 
     ctx = llama_init_from_model(model, cparams);
     if (ctx == NULL) {
-        die_msg("failed to create a context for '%s'", model_path);
+        say("failed to create a context for '%s'", model_path);
         goto done;
     }
 
     const size_t n_rows = (size_t) (n_prompt + n_gen);
     rows = malloc(n_rows * (size_t) n_vocab * sizeof(float));
     if (rows == NULL) {
-        die_msg("out of memory allocating %zu logit rows of %d", n_rows, (int) n_vocab);
+        say("out of memory allocating %zu logit rows of %d", n_rows, (int) n_vocab);
         goto done;
     }
 
@@ -282,7 +232,7 @@ int main(int argc, char ** argv) {
 
     int32_t ret = llama_decode(ctx, batch);
     if (ret != 0) {
-        die_msg("llama_decode failed on the %ld-token prompt batch (ret = %d)", n_prompt, (int) ret);
+        say("llama_decode failed on the %ld-token prompt batch (ret = %d)", n_prompt, (int) ret);
         goto done;
     }
 
@@ -290,7 +240,7 @@ int main(int argc, char ** argv) {
     for (int32_t i = 0; i < (int32_t) n_prompt; ++i, ++row) {
         const float * l = llama_get_logits_ith(ctx, i);
         if (l == NULL) {
-            die_msg("no logits for prompt position %d", (int) i);
+            say("no logits for prompt position %d", (int) i);
             goto done;
         }
         if (!check_finite(l, n_vocab, (int32_t) row)) {
@@ -307,12 +257,12 @@ int main(int argc, char ** argv) {
         batch_set(&batch, 0, next, (llama_pos) row, true);
         ret = llama_decode(ctx, batch);
         if (ret != 0) {
-            die_msg("llama_decode failed on generation step %d (ret = %d)", (int) g, (int) ret);
+            say("llama_decode failed on generation step %d (ret = %d)", (int) g, (int) ret);
             goto done;
         }
         const float * l = llama_get_logits_ith(ctx, -1);
         if (l == NULL) {
-            die_msg("no logits for generation step %d", (int) g);
+            say("no logits for generation step %d", (int) g);
             goto done;
         }
         if (!check_finite(l, n_vocab, (int32_t) row)) {
@@ -323,7 +273,7 @@ int main(int argc, char ** argv) {
 
     out = fopen(out_path, "wb");
     if (out == NULL) {
-        die_msg("cannot open '%s' for writing: %s", out_path, strerror(errno));
+        say("cannot open '%s' for writing: %s", out_path, strerror(errno));
         goto done;
     }
     const uint32_t hdr[4] = { (uint32_t) n_vocab, (uint32_t) n_rows, (uint32_t) n_prompt, (uint32_t) n_gen };
@@ -331,12 +281,12 @@ int main(int argc, char ** argv) {
     if (fwrite(MAGIC, 1, sizeof(MAGIC), out) != sizeof(MAGIC) ||
         fwrite(hdr, sizeof(hdr[0]), 4, out) != 4 ||
         fwrite(rows, sizeof(float), n_floats, out) != n_floats) {
-        die_msg("write to '%s' failed: %s", out_path, strerror(errno));
+        say("write to '%s' failed: %s", out_path, strerror(errno));
         goto done;
     }
     if (fclose(out) != 0) {
         out = NULL;
-        die_msg("closing '%s' failed: %s", out_path, strerror(errno));
+        say("closing '%s' failed: %s", out_path, strerror(errno));
         goto done;
     }
     out = NULL;
