@@ -37,7 +37,7 @@ COMPUTE_SOURCE="given"
 if [ -z "$COMPUTE_MS" ]; then
     read -r ram_tg _ <<<"$(stat_of 100 ram tg_ts)"
     read -r full_tg _ <<<"$(stat_of 100 plain tg_ts)"
-    best=$(awk -v a="$ram_tg" -v b="$full_tg" 'BEGIN { a = a == "-" ? 0 : a; b = b == "-" ? 0 : b; print a > b ? a : b }')
+    best=$(awk -v a="$ram_tg" -v b="$full_tg" 'BEGIN { a = a == "-" ? 0 : a; b = b == "-" ? 0 : b; print (a > b ? a : b) }')
     [ "$best" != 0 ] && COMPUTE_MS=$(awk -v t="$best" 'BEGIN { printf "%.1f", 1000 / t }')
     COMPUTE_SOURCE="the faster of everything-in-RAM and plain llama.cpp at 100%"
 fi
@@ -84,7 +84,7 @@ model=$MODEL
             if [ -n "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ]; then
                 policy=$(cut -d: -f2 <<<"$v:")
                 sim=$("$BIN/guanaco-sim" --trace "$trace" --model "$model" --budgets "$b%" \
-                    --policies "${policy:-layer-lru}" --disk-gbps "$FIO_GBPS" --compute-ms "$COMPUTE_MS" 2>/dev/null |
+                    --policies "${policy:-layer-lru}" --preload --disk-gbps "$FIO_GBPS" --compute-ms "$COMPUTE_MS" 2>/dev/null |
                     awk -v p="${policy:-layer-lru}" '$1 == p { print $NF }' | head -1)
                 [ -n "$sim" ] && err=$(awk -v s="$sim" -v t="$tg" 'BEGIN { printf "%+.0f%%", 100 * (s - t) / t }')
             fi

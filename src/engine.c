@@ -7,6 +7,7 @@
  */
 #include "engine.h"
 #include "log.h"
+#include "simulate.h"
 
 #include "ggml-backend.h"
 
@@ -428,13 +429,7 @@ static int preload(struct guanaco_engine *engine, uint64_t budget) {
         if (!layer_bytes[layer]) {
             continue;
         }
-        /* this layer's share of the budget, in whole experts */
-        double share = (double)budget * (double)layer_bytes[layer] * (double)m->n_expert / (double)m->expert_bytes;
-        uint64_t fit = (uint64_t)(share / (double)layer_bytes[layer]);
-        uint64_t n = fit < (uint64_t)m->n_expert ? fit : (uint64_t)m->n_expert;
-        if (engine->options.max_experts && n > engine->options.max_experts) {
-            n = engine->options.max_experts;
-        }
+        uint64_t n = guanaco_preload_count(budget, m->expert_bytes, (uint32_t)m->n_expert, engine->options.max_experts);
         for (uint64_t e = 0; e < n; e++) {
             ids[e] = (int32_t)e;
         }

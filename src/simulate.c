@@ -51,8 +51,46 @@ int guanaco_request_trace_check(const struct guanaco_request_trace *trace) {
     return result;
 }
 
+uint32_t guanaco_preload_count(uint64_t budget_bytes, uint64_t total_expert_bytes, uint32_t n_expert,
+                               uint32_t max_per_layer) {
+    if (total_expert_bytes == 0) {
+        return 0;
+    }
+    double fit = (double)budget_bytes * (double)n_expert / (double)total_expert_bytes;
+    uint32_t n = fit >= (double)n_expert ? n_expert : (uint32_t)fit;
+    return max_per_layer && n > max_per_layer ? max_per_layer : n;
+}
+
+/* The engine's preload: each MoE layer's count of lowest-numbered experts, at token 0. */
+static int preload_policy(const struct guanaco_request_trace *trace, const struct guanaco_policy_config *config,
+                          struct guanaco_policy *policy, uint32_t *ids, uint32_t *victim_layers,
+                          uint32_t *victim_experts, size_t n_slots) {
+    uint64_t total = 0;
+    for (uint32_t l = 0; l < trace->n_layer; l++) {
+        total += trace->expert_bytes[l] * trace->n_expert;
+    }
+    uint32_t n = guanaco_preload_count(config->budget_bytes, total, trace->n_expert, config->max_per_layer);
+    for (uint32_t e = 0; e < n; e++) {
+        ids[e] = e;
+    }
+    for (uint32_t l = 0; l < trace->n_layer && n; l++) {
+        size_t n_missing = 0, n_victims = 0;
+        if (trace->expert_bytes[l] == 0) {
+            continue;
+        }
+        int err = guanaco_policy_access(policy, l, ids, n, 0, victim_experts, &n_missing);
+        if (err == 0) {
+            err = guanaco_policy_evict(policy, l, victim_layers, victim_experts, n_slots, &n_victims);
+        }
+        if (err != 0) {
+            return err;
+        }
+    }
+    return 0;
+}
+
 int guanaco_simulate(const struct guanaco_request_trace *trace, const struct guanaco_policy_config *config,
-                     struct guanaco_replay_stats *stats) {
+                     bool preload, struct guanaco_replay_stats *stats) {
     memset(stats, 0, sizeof(*stats));
     int err = guanaco_request_trace_check(trace);
     if (err != 0 || !config) {
@@ -73,6 +111,9 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
     uint32_t *victim_experts = malloc(n_slots * sizeof(*victim_experts));
     if (!missing || !victim_layers || !victim_experts) {
         err = -ENOMEM;
+    }
+    if (err == 0 && preload) {
+        err = preload_policy(trace, &geometry, policy, missing, victim_layers, victim_experts, n_slots);
     }
     for (size_t r = 0; r < trace->n_requests && err == 0; r++) {
         uint32_t layer = trace->request_layer[r];

@@ -725,7 +725,7 @@ static void test_bound_and_invariants(void) {
                     }
                     struct guanaco_replay_stats simulated;
                     struct guanaco_policy_config config = config_of(all_kinds[i], &t.view, budgets[b], cap);
-                    CHECK(guanaco_simulate(&t.view, &config, &simulated) == 0 && simulated.hits == hits);
+                    CHECK(guanaco_simulate(&t.view, &config, false, &simulated) == 0 && simulated.hits == hits);
                     if (violations || (exact && best.hits < hits)) {
                         fprintf(stderr, "  in %s, budget %llu, %s, cap %u: hits %llu, belady %llu, %d violations\n",
                                 cases[c].name, (unsigned long long)budgets[b], guanaco_policy_kind_name(all_kinds[i]),
@@ -768,7 +768,7 @@ static void print_hit_rates(void) {
         printf("  %5d%%  %7.1f%%", percents[b], 100.0 * stats.hits / stats.accesses);
         for (size_t i = 0; i < N_KINDS; i++) {
             struct guanaco_policy_config config = config_of(all_kinds[i], &t.view, budget, 0);
-            guanaco_simulate(&t.view, &config, &stats);
+            guanaco_simulate(&t.view, &config, false, &stats);
             printf("  %8.1f%%", 100.0 * stats.hits / stats.accesses);
         }
         int violations = 0;
@@ -803,7 +803,7 @@ static void print_timings(size_t tokens) {
     for (size_t i = 0; i < N_KINDS; i++) {
         struct guanaco_policy_config config = config_of(all_kinds[i], &t.view, budget, 0);
         clock_gettime(CLOCK_MONOTONIC, &start);
-        guanaco_simulate(&t.view, &config, &stats);
+        guanaco_simulate(&t.view, &config, false, &stats);
         double s = seconds_since(&start);
         printf("  %-9s %6.2f s  %5.1f ns/access  hit %.1f%%\n", guanaco_policy_kind_name(all_kinds[i]), s,
                s * 1e9 / (double)accesses, 100.0 * stats.hits / stats.accesses);

@@ -609,7 +609,7 @@ int main(int argc, char **argv) {
         struct plan_row *row = &rows[r];
         struct guanaco_policy_config config = {.kind = options.policy, .budget_bytes = row->budget_bytes};
         bool exact = true;
-        err = guanaco_simulate(&replay, &config, &row->expected);
+        err = guanaco_simulate(&replay, &config, false, &row->expected);
         if (err == 0) {
             err = guanaco_belady(&replay, row->budget_bytes, &row->optimal, &exact);
         }

@@ -57,6 +57,8 @@ static void print_usage(FILE *out) {
             "                      belady, the offline optimum, is always replayed\n"
             "  --per-layer-cap N   most resident experts per layer for the policies (belady is not capped)\n"
             "  --half-life T       tokens over which use counts halve (lfu, guanaco); default 32\n"
+            "  --preload           the policies start as the engine's --guanaco-preload leaves them, and only the\n"
+            "                      replay after it is counted (belady starts empty)\n"
             "  --csv OUT.csv       also write the table as CSV\n"
             "  --plot OUT.png      also draw miss ratio against budget with gnuplot\n"
             "  --disk-gbps X       with --compute-ms: disk read speed in GB/s, for predicted tokens/s\n"
@@ -232,6 +234,7 @@ struct sim_pool {
     const struct sim_budget *budgets;
     uint32_t per_layer_cap;
     double half_life;
+    bool preload;
     struct sim_job *jobs;
     size_t n_jobs, next;
     pthread_mutex_t lock;
@@ -250,7 +253,7 @@ static void run_job(const struct sim_pool *pool, struct sim_job *job) {
         .half_life = pool->half_life,
     };
     job->exact = true;
-    job->err = guanaco_simulate(pool->trace, &config, &job->stats);
+    job->err = guanaco_simulate(pool->trace, &config, pool->preload, &job->stats);
 }
 
 static void *pool_worker(void *argument) {
@@ -485,6 +488,7 @@ struct sim_options {
     const char *shape, *quant, *budgets, *policies, *csv, *plot;
     uint32_t per_layer_cap;
     double half_life;
+    bool preload;
     double disk_gbps, compute_ms;
     bool have_disk_gbps, have_compute_ms;
     unsigned long threads;
@@ -523,6 +527,10 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
             print_usage(stdout);
             return -1;
+        }
+        if (strcmp(arg, "--preload") == 0) {
+            options->preload = true;
+            continue;
         }
         const char *value = NULL;
         int taken = guanaco_cli_flag_value(PROG, argc, argv, &i, with_value, COUNT_OF(with_value), &value);
@@ -745,7 +753,7 @@ int main(int argc, char **argv) {
         if (!lru_listed) row[1 + n_kinds].kind = GUANACO_POLICY_LRU;
         for (size_t j = 0; j < per_budget; j++) row[j].budget = b;
     }
-    struct sim_pool pool = {&replay, budgets, options.per_layer_cap, options.half_life, jobs, n_jobs, 0,
+    struct sim_pool pool = {&replay, budgets, options.per_layer_cap, options.half_life, options.preload, jobs, n_jobs, 0,
                             PTHREAD_MUTEX_INITIALIZER};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     clock_gettime(CLOCK_MONOTONIC, &clock_start);
