@@ -66,7 +66,7 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                    "how expert reads are issued (default: uring, measured faster; GUANACO_IO_URING=0 means threads)"},
     [OPTION_LOAD] = {"guanaco-load", "GUANACO_LOAD", OPTION_CHOICE, load_choices,
                      "how a missing expert is made resident: page-cache (buffered reads, then mapped) or direct "
-                     "(O_DIRECT into anonymous pages placed over the mapping) (default: direct, measured faster)"},
+                     "(O_DIRECT into anonymous pages placed over the mapping) (default: page-cache, measured faster)"},
     [OPTION_STATUS_EVERY] = {"guanaco-status-every", "GUANACO_STATUS_EVERY", OPTION_NUMBER, NULL,
                              "print a residency status line every N decoded tokens (default: 32)"},
     [OPTION_AUDIT] = {"guanaco-audit", "GUANACO_AUDIT", OPTION_BOOL, NULL,
@@ -96,7 +96,7 @@ static int default_value(enum option_id id) {
     case OPTION_PRELOAD: return 1;
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return 0;     /* uring */
-    case OPTION_LOAD: return GUANACO_LOAD_DIRECT; /* measured faster: README "Making experts resident" */
+    case OPTION_LOAD: return GUANACO_LOAD_PAGE_CACHE; /* measured faster: README "Making experts resident" */
     default: return 0;
     }
 }
