@@ -5,7 +5,7 @@
 # live side-by-side comparisons (bench/side_by_side.sh), and assembles their
 # reports into BENCHMARKS.md with the plots under docs/bench/.
 #
-#   bench/benchmarks.sh              everything (about 1.5 h on 2 cores and a 1-2 GB/s disk)
+#   bench/benchmarks.sh              everything (about 2 h on 2 cores and a 1-2 GB/s disk)
 #   bench/benchmarks.sh --assemble   only rebuild BENCHMARKS.md from the last runs' reports
 #
 # Knobs (environment): BENCH_DIR (models and runs, default build/bench), BENCH_REPS (default 1),
@@ -65,6 +65,16 @@ if [ "${1:-}" != --assemble ]; then
     bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets "10 25 50" \
         --variants "plain guanaco" --tokens "$TOKENS" --prompt 0 --reps "$REPS" --compute-ms "$mixtral_ms" \
         --out "$DIR/mixtral-replay" --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing (humaneval)"
+    # the two ways of making experts resident, alternating, two rounds each
+    bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets 25 \
+        --variants "guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens 8 --prompt 0 --reps 2 \
+        --compute-ms "$mixtral_ms" --out "$DIR/mixtral-load-ab" \
+        --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing, 25%: direct against page-cache loading"
+    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
+        --variants "guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens "$TOKENS" --prompt 0 --reps 2 \
+        --compute-ms "$qwen_ms" --out "$DIR/qwen3-load-ab" \
+        --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: direct against page-cache loading"
+    bash "$ROOT/bench/overhead.sh" --model "$QWEN" >"$DIR/overhead.txt"
 fi
 
 # ---- assemble ----
@@ -99,7 +109,7 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     echo
     echo "## Live, side by side"
     echo
-    for run in qwen3-random qwen3-variants mixtral-replay; do
+    for run in qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab; do
         if [ -f "$DIR/$run/report.md" ]; then
             sed 's/^## /### /' "$DIR/$run/report.md"
             if [ -f "$DIR/$run/decode.png" ]; then
@@ -110,6 +120,17 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
             echo
         fi
     done
+    if [ -f "$DIR/overhead.txt" ]; then
+        echo "## Everything resident: the cost of the engine when it reads nothing"
+        echo
+        echo "\`bench/overhead.sh\`: plain llama.cpp from a warm page cache against Guanaco with a 100% budget, after a"
+        echo "512-token prompt has made the routed experts resident; llama-bench decode, alternating rounds."
+        echo
+        echo '```'
+        cat "$DIR/overhead.txt"
+        echo '```'
+        echo
+    fi
     section "$ROOT/bench/NOTES.md"
 } >"$ROOT/BENCHMARKS.md"
 echo "benchmarks: wrote $ROOT/BENCHMARKS.md"
