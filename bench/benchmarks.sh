@@ -112,7 +112,8 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     for run in qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab; do
         if [ -f "$DIR/$run/report.md" ]; then
             sed 's/^## /### /' "$DIR/$run/report.md"
-            if [ -f "$DIR/$run/decode.png" ]; then
+            # a plot needs more than one budget
+            if [ -f "$DIR/$run/decode.png" ] && [ "$(cut -d, -f1 "$DIR/$run/runs.csv" | sort -u | wc -l)" -gt 2 ]; then
                 cp "$DIR/$run/decode.png" "$ROOT/docs/bench/$run.png"
                 echo
                 echo "![$run](docs/bench/$run.png)"
@@ -132,5 +133,5 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
         echo
     fi
     section "$ROOT/bench/NOTES.md"
-} >"$ROOT/BENCHMARKS.md"
+} | sed "s|$ROOT/||g" >"$ROOT/BENCHMARKS.md"
 echo "benchmarks: wrote $ROOT/BENCHMARKS.md"

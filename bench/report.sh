@@ -49,7 +49,7 @@ model=$MODEL
     echo "## $TITLE"
     echo
     echo "- machine: $MACHINE"
-    echo "- disk: $DISK; fio randread 1 MiB, io_uring, QD16, O_DIRECT on the model file: **$FIO_GBPS GB/s** (the higher of a sample before and after the runs)"
+    echo "- disk: $DISK; fio randread 1 MiB, io_uring, QD16, O_DIRECT on the model file: **$FIO_GBPS GB/s**"
     echo "- routing: $ROUTING"
     echo "- limit per budget: non-expert bytes + budget + ${MARGIN_MIB} MiB (cgroup v1 memory.limit_in_bytes); page cache of the model dropped before every run"
     echo "- decode: llama-bench -n $TOKENS after its warmup token${PROMPT:+, prompt: -p $PROMPT}; -nr (no repacking) in every run"

@@ -186,7 +186,8 @@ echo "side_by_side: fio $FIO_BEFORE GB/s before the runs, $FIO_AFTER after: the 
 # ---- the report ----
 bash "$ROOT/bench/report.sh" --runs "$RUNS" --model "$MODEL" --out "$OUT" --fio-gbps "$FIO_GBPS" --tokens "$TOKENS" \
     --prompt "$PROMPT" --expert-bytes "$EXPERT_BYTES" --title "${TITLE:-$(basename "$MODEL")}" \
-    --machine "$MACHINE" --disk "$DEVICE, readahead $READAHEAD sectors" --margin-mib "$MARGIN_MIB" \
+    --machine "$MACHINE" \
+    --disk "$DEVICE, readahead $READAHEAD sectors; fio sampled $FIO_BEFORE GB/s before the runs and $FIO_AFTER after, the higher is used" --margin-mib "$MARGIN_MIB" \
     --routing "${REPLAY:+replayed $(basename "$REPLAY")}${REPLAY:-llama-bench synthetic (random weights)}" \
     ${COMPUTE_MS:+--compute-ms "$COMPUTE_MS"}
 echo "side_by_side: report in $OUT/report.md"
