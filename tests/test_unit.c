@@ -37,6 +37,27 @@ static void test_options(void) {
     unsetenv("GUANACO_STREAMING");
     unsetenv("LLAMA_ARG_GUANACO_STREAMING");
     CHECK(guanaco_options_get(&options) == 0 && !options.streaming && options.readahead == GUANACO_READAHEAD_NORMAL);
+    /* the residency defaults the README states */
+    CHECK(options.load == GUANACO_LOAD_PAGE_CACHE && options.status_every == GUANACO_DEFAULT_STATUS_EVERY &&
+          options.audit && options.preload && options.io == 0 /* uring */ && options.policy == 2 /* layer-lru */);
+    setenv("GUANACO_IO_URING", "0", 1); /* the documented switch to the pread pool */
+    CHECK(guanaco_options_get(&options) == 0 && options.io == 1);
+    setenv("GUANACO_IO", "uring", 1); /* the named option wins over the switch */
+    CHECK(guanaco_options_get(&options) == 0 && options.io == 0);
+    unsetenv("GUANACO_IO");
+    setenv("GUANACO_IO_URING", "maybe", 1);
+    CHECK(guanaco_options_get(&options) == -EINVAL);
+    unsetenv("GUANACO_IO_URING");
+    setenv("GUANACO_LOAD", "direct", 1);
+    setenv("GUANACO_STATUS_EVERY", "4", 1);
+    setenv("GUANACO_PRELOAD", "off", 1);
+    setenv("GUANACO_AUDIT", "0", 1);
+    CHECK(guanaco_options_get(&options) == 0 && options.load == GUANACO_LOAD_DIRECT && options.status_every == 4 &&
+          !options.preload && !options.audit);
+    unsetenv("GUANACO_LOAD");
+    unsetenv("GUANACO_STATUS_EVERY");
+    unsetenv("GUANACO_PRELOAD");
+    unsetenv("GUANACO_AUDIT");
 
     setenv("GUANACO_STREAMING", "1", 1);
     CHECK(guanaco_options_get(&options) == 0 && options.streaming);
@@ -89,7 +110,9 @@ static void test_options(void) {
     CHECK(guanaco_options_get(&options) == 0 && options.residency && options.ram_bytes == 0);
     const char *absurd[] = {"--guanaco-ram=-5G", "--guanaco-ram=12Q", "--guanaco-ram=100", "--guanaco-ram=5000T",
                             "--guanaco-max-experts=0", "--guanaco-max-experts=1e3", "--guanaco-max-experts=99999",
-                            "--guanaco-policy=mru", "--guanaco-io=aio"};
+                            "--guanaco-policy=mru", "--guanaco-io=aio", "--guanaco-load=fast",
+                            "--guanaco-status-every=0", "--guanaco-status-every=x", "--guanaco-audit=sometimes",
+                            "--guanaco-preload=2"};
     for (size_t i = 0; i < sizeof(absurd) / sizeof(absurd[0]); i++) {
         char flag[64];
         snprintf(flag, sizeof(flag), "%s", absurd[i]);
