@@ -377,6 +377,17 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     if ((err = choose_load(r, config)) != 0) {
         goto fail;
     }
+    /* Faults on expert pages must read only the faulted page: read-around would pull non-resident
+       neighbours into the page cache (say when the kernel reclaimed a page between our read and the
+       populate), and fault-around would map cached neighbours. MADV_RANDOM turns both off. Rounding
+       outward only touches the advice of a neighbour's edge page. */
+    for (uint32_t i = 0; i < r->n_tensors; i++) {
+        const struct tensor *t = &r->tensors[i];
+        uintptr_t a = (uintptr_t)t->mapped, b = a + (uintptr_t)(t->end - t->begin);
+        a -= a % r->page;
+        b = (b + r->page - 1) / r->page * r->page;
+        (void)madvise((void *)a, b - a, MADV_RANDOM);
+    }
 
     struct guanaco_policy_config policy_config = {
         .kind = config->policy,
@@ -496,6 +507,7 @@ static int restore_file_pages(struct guanaco_residency *r, const struct tensor *
                           (unsigned long long)start, (unsigned long long)end, strerror(-err));
         return err;
     }
+    (void)madvise(mapped, end - start, MADV_RANDOM); /* a new mapping starts without the advice; see create */
     return 0;
 }
 

@@ -41,9 +41,10 @@
  * with -ESTALE from then on, because the mapping may now SIGBUS or hold
  * different weights.
  *
- * Side effect on the fds: POSIX_FADV_RANDOM is set on each one, because the
- * reads are exact and readahead would pull non-resident experts into the page
- * cache. Hand the engine fds of its own. It never closes them.
+ * Side effects: POSIX_FADV_RANDOM is set on each fd and MADV_RANDOM on each
+ * expert tensor's mapped range, because the reads are exact, and readahead,
+ * read-around or fault-around would pull or map non-resident experts. Hand
+ * the engine fds of its own. It never closes them.
  *
  * Thread-safe: one internal mutex serialises prepare_layer, get_stats, audit.
  * Eviction only ever replaces pages by the file's own bytes, so a context
