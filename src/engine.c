@@ -413,28 +413,20 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
  */
 static int preload(struct guanaco_engine *engine, uint64_t budget) {
     const struct guanaco_manifest *m = &engine->manifest;
-    uint64_t *layer_bytes = calloc((size_t)m->n_layer, sizeof(*layer_bytes));
-    int32_t *ids = calloc((size_t)m->n_expert, sizeof(*ids));
-    if (!layer_bytes || !ids) {
-        free(layer_bytes);
-        free(ids);
+    /* the same count for every MoE layer: its share of the budget in whole experts */
+    uint32_t n = guanaco_preload_count(budget, m->expert_bytes, (uint32_t)m->n_expert, engine->options.max_experts);
+    int32_t *ids = calloc(n ? n : 1, sizeof(*ids));
+    if (!ids) {
         return -ENOMEM;
     }
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        layer_bytes[m->tensors[i].layer] += m->tensors[i].expert_stride;
+    for (uint32_t e = 0; e < n; e++) {
+        ids[e] = (int32_t)e;
     }
     uint64_t start = now_ns();
     int err = 0;
-    for (int layer = 0; layer < m->n_layer && err == 0; layer++) {
-        if (!layer_bytes[layer]) {
-            continue;
-        }
-        uint64_t n = guanaco_preload_count(budget, m->expert_bytes, (uint32_t)m->n_expert, engine->options.max_experts);
-        for (uint64_t e = 0; e < n; e++) {
-            ids[e] = (int32_t)e;
-        }
-        if (n) {
-            err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, (size_t)n, 0);
+    for (int layer = 0; layer < m->n_layer && err == 0 && n; layer++) {
+        if (engine->moe_layer_of[layer]) {
+            err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, n, 0);
         }
     }
     double seconds = (double)(now_ns() - start) / 1e9;
@@ -445,7 +437,6 @@ static int preload(struct guanaco_engine *engine, uint64_t budget) {
                          (unsigned long long)engine->after_preload.expert_loads, gib(engine->after_preload.bytes_read),
                          seconds, seconds > 0 ? (double)engine->after_preload.bytes_read / seconds / 1e9 : 0.0);
     }
-    free(layer_bytes);
     free(ids);
     return err;
 }
