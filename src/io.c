@@ -8,12 +8,19 @@
  * one expert slice is only a few of them. Cutting requests into chunks lets
  * one large request, or many small ones, fill the queue the same way.
  *
- * Both backends share the batch cursor (which chunk comes next, request
- * checks) and the completion rule (chunk_advance: short reads continue, EINTR
- * and EAGAIN retry, 0 bytes is end of file). They differ only in who waits:
- * the io_uring backend refills the ring from one thread as completions
- * arrive; the threads backend runs queue_depth blocking preads at once, the
- * caller being one of them.
+ * Jobs: a batch submitted returns at once. Its chunks join a queue of
+ * every job not yet fully issued (urgent jobs first), and background
+ * workers keep up to queue_depth chunks in flight across all of them, so
+ * reads for the next layer proceed while the caller computes the current
+ * one. A caller waits only for the jobs it needs now, or cancels a guess.
+ *
+ * Both backends share the job cursor (which chunk comes next, request
+ * checks), the queues and the completion rule (chunk_advance: short reads
+ * continue, EINTR and EAGAIN retry, 0 bytes is end of file). They differ only
+ * in who waits: the io_uring backend has one driver thread that owns the
+ * ring, refills it as completions arrive and is woken through an eventfd
+ * read kept in the ring; the threads backend runs queue_depth blocking
+ * preads at once.
  */
 #include "io.h"
 #include "log.h"
@@ -28,68 +35,64 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 /* A read that keeps failing with EINTR or EAGAIN is given up on rather than spun on forever. */
 #define MAX_RETRIES 1000
 
-/* One piece of one request; `done` grows as (possibly short) reads complete. */
+/* One piece of one request of one job; `done` grows as (possibly short) reads complete. */
 struct chunk {
+    struct guanaco_io_job *job;
     size_t request;
     int fd;
     bool direct;
-    uint64_t offset;         /* file offset of the chunk's first byte */
-    uint64_t batch_position; /* the same byte numbered across the batch, for fault injection */
+    uint64_t offset;       /* file offset of the chunk's first byte */
+    uint64_t job_position; /* the same byte numbered across the job, for fault injection */
     char *destination;
     uint64_t length;
     uint64_t done;
     unsigned retries;
 };
 
-/* Which chunk comes next. Requests are checked when the cursor reaches them. */
-struct batch {
-    struct guanaco_io_request *requests;
-    size_t n;
-    size_t next_request;
-    uint64_t next_offset;   /* within requests[next_request] */
-    uint64_t request_base;  /* batch position of requests[next_request]'s first byte */
-    int checked_fd;         /* fcntl(F_GETFL) is asked once per run of requests on the same fd */
-    bool checked_direct;
-    size_t unaligned_reported;
-};
-
-struct uring_slot {
-    struct chunk chunk;
+/* Jobs with chunks left to issue, oldest first: urgent ones are always taken before the rest. */
+struct job_queue {
+    struct guanaco_io_job *head, *tail;
 };
 
 struct guanaco_io {
     enum guanaco_io_backend backend;
     unsigned queue_depth;
     unsigned max_chunk_bytes;
-    int broken; /* a ring failure left submissions unaccounted for: every later batch fails with it */
+    int broken; /* a ring failure left reads unaccounted for: every later job fails with it */
 
     /* Fault injection: fault_byte and fault_error are written before fault_armed is released. */
     _Atomic bool fault_armed;
     uint64_t fault_byte;
     int fault_error;
 
-    /* GUANACO_IO_URING */
-    struct io_uring ring;
-    bool ring_ready;
-    struct uring_slot *slots;  /* queue_depth entries; the user_data of a read is its slot index */
-    unsigned *free_slots;      /* stack of free slot indices */
-
-    /* GUANACO_IO_THREADS: queue_depth - 1 workers, the caller of read_batch is the last one */
+    /* Shared by both backends; lock guards the queues, every queued job's cursor and counters. */
+    pthread_mutex_t lock;
+    pthread_cond_t work_ready; /* threads: a chunk may be waiting */
+    pthread_cond_t job_done;   /* some job finished */
+    bool sync_ready;
+    struct job_queue urgent, normal;
+    bool stopping;
     pthread_t *threads;
     unsigned n_threads;
-    pthread_mutex_t lock;
-    pthread_cond_t work_ready;
-    pthread_cond_t work_done;
-    bool sync_ready;
-    struct batch *batch; /* the running batch, NULL between batches; guarded by lock */
-    unsigned busy;       /* chunks being read by some thread; guarded by lock */
-    bool stopping;
+
+    /* GUANACO_IO_URING: one driver thread owns the ring; submitters wake it through the eventfd */
+    struct io_uring ring;
+    bool ring_ready;
+    struct chunk *slots;   /* queue_depth entries; the user_data of a read is its slot index */
+    unsigned *free_slots;  /* stack of free slot indices */
+    unsigned n_free;
+    int wake_fd;
+    uint64_t wake_buffer;
 };
+
+/* user_data of the eventfd read that wakes the driver */
+#define WAKE_TAG UINT64_MAX
 
 const char *guanaco_io_backend_name(enum guanaco_io_backend backend) {
     switch (backend) {
@@ -109,7 +112,7 @@ void guanaco_io_inject_fault(struct guanaco_io *io, uint64_t after_bytes, int er
     atomic_store_explicit(&io->fault_armed, true, memory_order_release);
 }
 
-/* ---- the batch cursor, shared by both backends ---- */
+/* ---- the job cursor and queues, shared by both backends (io->lock held) ---- */
 
 static unsigned chunk_limit(const struct guanaco_io *io, bool direct) {
     if (!direct) {
@@ -121,7 +124,7 @@ static unsigned chunk_limit(const struct guanaco_io *io, bool direct) {
 }
 
 /* Returns 0 when the request may be read, or the -errno it completes with untouched. */
-static int check_request(struct batch *b, struct guanaco_io_request *r, size_t index) {
+static int check_request(struct guanaco_io_job *job, struct guanaco_io_request *r, size_t index) {
     if (r->length == 0) {
         return 0;
     }
@@ -132,23 +135,23 @@ static int check_request(struct batch *b, struct guanaco_io_request *r, size_t i
     if (!r->destination || r->offset > (uint64_t)INT64_MAX || r->length > (uint64_t)INT64_MAX - r->offset) {
         return -EINVAL;
     }
-    if (r->fd != b->checked_fd) {
+    if (r->fd != job->checked_fd) {
         int flags = fcntl(r->fd, F_GETFL);
         if (flags < 0) {
             return -errno;
         }
-        b->checked_fd = r->fd;
-        b->checked_direct = (flags & O_DIRECT) != 0;
+        job->checked_fd = r->fd;
+        job->checked_direct = (flags & O_DIRECT) != 0;
     }
-    if (b->checked_direct) {
+    if (job->checked_direct) {
         const uint64_t a = GUANACO_IO_DIRECT_ALIGNMENT;
         if (r->offset % a || r->length % a || (uintptr_t)r->destination % a) {
             /* The kernel's own answer would be a bare EINVAL from deep inside the read; say which request. */
-            if (b->unaligned_reported++ == 0) {
+            if (job->unaligned_reported++ == 0) {
                 guanaco_log_error("read request %zu on O_DIRECT fd %d is not aligned: offset %llu, length %llu and "
-                             "destination %p must all be multiples of %llu",
-                             index, r->fd, (unsigned long long)r->offset, (unsigned long long)r->length,
-                             r->destination, (unsigned long long)a);
+                                  "destination %p must all be multiples of %llu",
+                                  index, r->fd, (unsigned long long)r->offset, (unsigned long long)r->length,
+                                  r->destination, (unsigned long long)a);
             }
             return -EINVAL;
         }
@@ -157,61 +160,121 @@ static int check_request(struct batch *b, struct guanaco_io_request *r, size_t i
 }
 
 /* Moves the cursor past the current request (done, failed or empty) to the next readable one. */
-static void enter_next_request(struct batch *b, bool skip_current) {
+static void enter_next_request(struct guanaco_io_job *job, bool skip_current) {
     if (skip_current) {
-        b->request_base += b->requests[b->next_request].length;
-        b->next_request++;
-        b->next_offset = 0;
+        job->request_base += job->requests[job->next_request].length;
+        job->next_request++;
+        job->next_offset = 0;
     }
-    while (b->next_request < b->n) {
-        struct guanaco_io_request *r = &b->requests[b->next_request];
-        r->result = check_request(b, r, b->next_request);
+    while (job->next_request < job->n) {
+        struct guanaco_io_request *r = &job->requests[job->next_request];
+        r->result = check_request(job, r, job->next_request);
         if (r->result == 0 && r->length > 0) {
             return;
         }
-        b->request_base += r->length;
-        b->next_request++;
+        job->request_base += r->length;
+        job->next_request++;
     }
 }
 
-static void batch_start(struct batch *b, struct guanaco_io_request *requests, size_t n) {
-    memset(b, 0, sizeof(*b));
-    b->requests = requests;
-    b->n = n;
-    b->checked_fd = -1;
-    enter_next_request(b, false);
+static bool job_exhausted(const struct guanaco_io_job *job) {
+    return job->next_request >= job->n;
 }
 
-static bool batch_exhausted(const struct batch *b) {
-    return b->next_request >= b->n;
+static void queue_push(struct job_queue *q, struct guanaco_io_job *job) {
+    job->next_in_queue = NULL;
+    if (q->tail) {
+        q->tail->next_in_queue = job;
+    } else {
+        q->head = job;
+    }
+    q->tail = job;
+    job->queued = 1;
 }
 
-/* Takes the next chunk to read; false when the batch has none left to issue. */
-static bool next_chunk(const struct guanaco_io *io, struct batch *b, struct chunk *c) {
+static void queue_remove(struct job_queue *q, struct guanaco_io_job *job) {
+    struct guanaco_io_job *previous = NULL;
+    for (struct guanaco_io_job *j = q->head; j; previous = j, j = j->next_in_queue) {
+        if (j == job) {
+            if (previous) {
+                previous->next_in_queue = j->next_in_queue;
+            } else {
+                q->head = j->next_in_queue;
+            }
+            if (q->tail == j) {
+                q->tail = previous;
+            }
+            job->queued = 0;
+            return;
+        }
+    }
+}
+
+/* A job leaves its queue when its cursor runs out, and is done once its last chunk lands. */
+static void finish_if_complete(struct guanaco_io *io, struct guanaco_io_job *job) {
+    if (!job->done && !job->queued && job->in_flight == 0) {
+        job->done = 1;
+        pthread_cond_broadcast(&io->job_done);
+    }
+}
+
+/* Takes the next chunk of `job`; false when it has none left to issue. */
+static bool job_next_chunk(const struct guanaco_io *io, struct guanaco_io_job *job, struct chunk *c) {
     /* A request that already failed issues no more chunks; its remaining bytes would be wasted I/O. */
-    while (!batch_exhausted(b) && b->requests[b->next_request].result != 0) {
-        enter_next_request(b, true);
+    while (!job_exhausted(job) && job->requests[job->next_request].result != 0) {
+        enter_next_request(job, true);
     }
-    if (batch_exhausted(b)) {
+    if (job_exhausted(job)) {
         return false;
     }
-    struct guanaco_io_request *r = &b->requests[b->next_request];
-    uint64_t remaining = r->length - b->next_offset;
-    uint64_t limit = chunk_limit(io, b->checked_direct);
+    struct guanaco_io_request *r = &job->requests[job->next_request];
+    uint64_t remaining = r->length - job->next_offset;
+    uint64_t limit = chunk_limit(io, job->checked_direct);
     *c = (struct chunk){
-        .request = b->next_request,
+        .job = job,
+        .request = job->next_request,
         .fd = r->fd,
-        .direct = b->checked_direct,
-        .offset = r->offset + b->next_offset,
-        .batch_position = b->request_base + b->next_offset,
-        .destination = (char *)r->destination + b->next_offset,
+        .direct = job->checked_direct,
+        .offset = r->offset + job->next_offset,
+        .job_position = job->request_base + job->next_offset,
+        .destination = (char *)r->destination + job->next_offset,
         .length = remaining < limit ? remaining : limit,
     };
-    b->next_offset += c->length;
-    if (b->next_offset == r->length) {
-        enter_next_request(b, true);
+    job->next_offset += c->length;
+    if (job->next_offset == r->length) {
+        enter_next_request(job, true);
     }
     return true;
+}
+
+/* The next chunk of all queued work, urgent jobs first; false when there is none. */
+static bool take_chunk(struct guanaco_io *io, struct chunk *c) {
+    struct job_queue *queues[2] = {&io->urgent, &io->normal};
+    for (int q = 0; q < 2; q++) {
+        while (queues[q]->head) {
+            struct guanaco_io_job *job = queues[q]->head;
+            if (job_next_chunk(io, job, c)) {
+                job->in_flight++;
+                if (job_exhausted(job)) {
+                    queue_remove(queues[q], job);
+                }
+                return true;
+            }
+            queue_remove(queues[q], job);
+            finish_if_complete(io, job);
+        }
+    }
+    return false;
+}
+
+/* A chunk is over: its outcome (0 or -errno) goes to its request, and its job may be done. */
+static void chunk_finished(struct guanaco_io *io, struct chunk *c, int state) {
+    struct guanaco_io_request *r = &c->job->requests[c->request];
+    if (state < 0 && r->result == 0) {
+        r->result = state;
+    }
+    c->job->in_flight--;
+    finish_if_complete(io, c->job);
 }
 
 /* Replaces a successful read's result when an armed fault covers its bytes. */
@@ -219,7 +282,7 @@ static int64_t apply_fault(struct guanaco_io *io, const struct chunk *c, int64_t
     if (!atomic_load_explicit(&io->fault_armed, memory_order_acquire)) {
         return result;
     }
-    uint64_t start = c->batch_position + c->done;
+    uint64_t start = c->job_position + c->done;
     if (io->fault_byte < start || io->fault_byte - start >= (uint64_t)result) {
         return result;
     }
@@ -283,10 +346,140 @@ static int first_failure(const struct guanaco_io_request *requests, size_t n) {
     return 0;
 }
 
-/* ---- io_uring backend ---- */
+/* Fails every request of every queued job with err (io->lock held): the reader cannot serve them. */
+static void fail_queued(struct guanaco_io *io, int err) {
+    struct job_queue *queues[2] = {&io->urgent, &io->normal};
+    for (int q = 0; q < 2; q++) {
+        while (queues[q]->head) {
+            struct guanaco_io_job *job = queues[q]->head;
+            for (size_t i = job->next_request; i < job->n; i++) {
+                if (job->requests[i].result == 0 && job->requests[i].length > 0) {
+                    job->requests[i].result = err;
+                }
+            }
+            job->next_request = job->n;
+            queue_remove(queues[q], job);
+            finish_if_complete(io, job);
+        }
+    }
+}
+
+/* ---- io_uring backend: one driver thread owns the ring ---- */
+
+static void uring_prepare(struct guanaco_io *io, unsigned slot) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+    /* Never NULL: at most queue_depth reads and the wake-up read are in the ring, which has that many entries. */
+    const struct chunk *c = &io->slots[slot];
+    io_uring_prep_read(sqe, c->fd, c->destination + c->done, (unsigned)(c->length - c->done), c->offset + c->done);
+    io_uring_sqe_set_data64(sqe, slot);
+}
+
+static void uring_arm_wake(struct guanaco_io *io) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+    io_uring_prep_read(sqe, io->wake_fd, &io->wake_buffer, sizeof(io->wake_buffer), 0);
+    io_uring_sqe_set_data64(sqe, WAKE_TAG);
+}
+
+/*
+ * The ring failed in a way that leaves its reads unaccounted for. Waits for
+ * the reads the kernel holds, so no destination is written after their jobs
+ * finish, fails every chunk in flight and every queued job, and marks the
+ * object broken: prepared but unsubmitted entries must never be submitted.
+ */
+static void uring_fail(struct guanaco_io *io, unsigned in_ring, int err) {
+    guanaco_log_error("io_uring failed: %s; this reader is unusable from now on", strerror(-err));
+    io->broken = err;
+    unsigned held_by_kernel = in_ring - io_uring_sq_ready(&io->ring);
+    pthread_mutex_unlock(&io->lock);
+    while (held_by_kernel > 0) {
+        struct io_uring_cqe *cqe;
+        int ret = io_uring_wait_cqe(&io->ring, &cqe);
+        if (ret == -EINTR || ret == -EAGAIN) {
+            continue;
+        }
+        if (ret < 0) {
+            guanaco_log_error("io_uring: cannot wait for %u reads in flight: %s", held_by_kernel, strerror(-ret));
+            break;
+        }
+        io_uring_cqe_seen(&io->ring, cqe);
+        held_by_kernel--;
+    }
+    pthread_mutex_lock(&io->lock);
+    for (unsigned s = 0; s < io->queue_depth; s++) {
+        if (io->slots[s].job) {
+            chunk_finished(io, &io->slots[s], err);
+            io->slots[s].job = NULL;
+        }
+    }
+    fail_queued(io, err);
+}
+
+static void *uring_driver(void *arg) {
+    struct guanaco_io *io = arg;
+    bool wake_armed = false;
+    unsigned in_ring = 0; /* reads in the ring, the wake-up read included */
+    pthread_mutex_lock(&io->lock);
+    while (!io->stopping && !io->broken) {
+        /* Refill: every free slot gets the next chunk before we wait again. */
+        struct chunk c;
+        while (io->n_free > 0 && take_chunk(io, &c)) {
+            unsigned slot = io->free_slots[--io->n_free];
+            io->slots[slot] = c;
+            uring_prepare(io, slot);
+            in_ring++;
+        }
+        if (!wake_armed) {
+            uring_arm_wake(io);
+            wake_armed = true;
+            in_ring++;
+        }
+        pthread_mutex_unlock(&io->lock);
+        int ret = io_uring_submit_and_wait(&io->ring, 1);
+        pthread_mutex_lock(&io->lock);
+        if (ret == -EINTR || ret == -EAGAIN || ret == -EBUSY) {
+            /* Unsubmitted entries stay in the ring and go with the next call. */
+            if (ret != -EINTR) {
+                pthread_mutex_unlock(&io->lock);
+                sched_yield();
+                pthread_mutex_lock(&io->lock);
+            }
+            continue;
+        }
+        if (ret < 0) {
+            uring_fail(io, in_ring, ret);
+            break;
+        }
+        struct io_uring_cqe *cqe;
+        unsigned head, seen = 0;
+        io_uring_for_each_cqe(&io->ring, head, cqe) {
+            seen++;
+            uint64_t tag = io_uring_cqe_get_data64(cqe);
+            if (tag == WAKE_TAG) {
+                wake_armed = false; /* new work, or stopping: the loop looks at both */
+                in_ring--;
+                continue;
+            }
+            unsigned slot = (unsigned)tag;
+            struct chunk *chunk = &io->slots[slot];
+            struct guanaco_io_request *r = &chunk->job->requests[chunk->request];
+            int state = chunk_advance(io, chunk, cqe->res);
+            if (state == 1 && r->result == 0) {
+                uring_prepare(io, slot); /* the rest of a short read, or a retry; the slot stays in flight */
+                continue;
+            }
+            chunk_finished(io, chunk, state);
+            chunk->job = NULL;
+            io->free_slots[io->n_free++] = slot;
+            in_ring--;
+        }
+        io_uring_cq_advance(&io->ring, seen);
+    }
+    pthread_mutex_unlock(&io->lock);
+    return NULL;
+}
 
 static int uring_create(struct guanaco_io *io) {
-    int ret = io_uring_queue_init(io->queue_depth, &io->ring, 0);
+    int ret = io_uring_queue_init(io->queue_depth + 1, &io->ring, 0);
     if (ret == -ENOSYS || ret == -EPERM || ret == -EACCES) {
         /* Missing from the kernel, blocked by seccomp (Docker answers EPERM), or kernel.io_uring_disabled. */
         return -ENOSYS;
@@ -307,106 +500,33 @@ static int uring_create(struct guanaco_io *io) {
     if (!io->slots || !io->free_slots) {
         return -ENOMEM;
     }
-    return 0;
-}
-
-static void uring_prepare(struct guanaco_io *io, unsigned slot) {
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
-    /* Never NULL: at most queue_depth reads are prepared or in flight, and the ring has that many entries. */
-    const struct chunk *c = &io->slots[slot].chunk;
-    io_uring_prep_read(sqe, c->fd, c->destination + c->done, (unsigned)(c->length - c->done), c->offset + c->done);
-    io_uring_sqe_set_data64(sqe, slot);
-}
-
-/*
- * The ring failed in a way that leaves its reads unaccounted for. Waits for
- * the ones the kernel holds, so no destination is written after return, fails
- * every request not known complete, and marks the object broken: prepared
- * but unsubmitted entries stay in the ring and must never be submitted later.
- */
-static void uring_fail(struct guanaco_io *io, struct batch *b, unsigned in_flight, const bool *slot_busy, int err) {
-    guanaco_log_error("io_uring failed: %s; this reader is unusable from now on", strerror(-err));
-    io->broken = err;
-    unsigned held_by_kernel = in_flight - io_uring_sq_ready(&io->ring);
-    while (held_by_kernel > 0) {
-        struct io_uring_cqe *cqe;
-        int ret = io_uring_wait_cqe(&io->ring, &cqe);
-        if (ret == -EINTR || ret == -EAGAIN) {
-            continue;
-        }
-        if (ret < 0) {
-            guanaco_log_error("io_uring: cannot wait for %u reads in flight: %s", held_by_kernel, strerror(-ret));
-            break;
-        }
-        io_uring_cqe_seen(&io->ring, cqe);
-        held_by_kernel--;
-    }
-    /* Chunks are issued in request order: any request before the cursor with no chunk in flight is complete. */
-    for (unsigned s = 0; s < io->queue_depth; s++) {
-        if (slot_busy[s] && b->requests[io->slots[s].chunk.request].result == 0) {
-            b->requests[io->slots[s].chunk.request].result = err;
-        }
-    }
-    for (size_t i = b->next_request; i < b->n; i++) {
-        if (b->requests[i].result == 0 && b->requests[i].length > 0) {
-            b->requests[i].result = err;
-        }
-    }
-}
-
-static int uring_read_batch(struct guanaco_io *io, struct batch *b) {
-    unsigned n_free = io->queue_depth, in_flight = 0;
-    bool slot_busy[GUANACO_IO_MAX_QUEUE_DEPTH] = {0};
     for (unsigned s = 0; s < io->queue_depth; s++) {
         io->free_slots[s] = s;
     }
-    for (;;) {
-        /* Refill: every slot freed by the last completions gets the next chunk before we wait again. */
-        while (n_free > 0 && next_chunk(io, b, &io->slots[io->free_slots[n_free - 1]].chunk)) {
-            unsigned slot = io->free_slots[--n_free];
-            slot_busy[slot] = true;
-            uring_prepare(io, slot);
-            in_flight++;
-        }
-        if (in_flight == 0) {
-            return 0;
-        }
-        int ret = io_uring_submit_and_wait(&io->ring, 1);
-        if (ret == -EINTR || ret == -EAGAIN || ret == -EBUSY) {
-            /* Unsubmitted entries stay in the ring and go with the next call. */
-            if (ret != -EINTR) {
-                sched_yield();
-            }
-            continue;
-        }
-        if (ret < 0) {
-            uring_fail(io, b, in_flight, slot_busy, ret);
-            return ret;
-        }
-        struct io_uring_cqe *cqe;
-        unsigned head, seen = 0;
-        io_uring_for_each_cqe(&io->ring, head, cqe) {
-            seen++;
-            unsigned slot = (unsigned)io_uring_cqe_get_data64(cqe);
-            struct chunk *c = &io->slots[slot].chunk;
-            struct guanaco_io_request *r = &b->requests[c->request];
-            int state = chunk_advance(io, c, cqe->res);
-            if (state == 1 && r->result == 0) {
-                uring_prepare(io, slot); /* the rest of a short read, or a retry; the slot stays in flight */
-                continue;
-            }
-            if (state < 0 && r->result == 0) {
-                r->result = state;
-            }
-            slot_busy[slot] = false;
-            io->free_slots[n_free++] = slot;
-            in_flight--;
-        }
-        io_uring_cq_advance(&io->ring, seen);
+    io->n_free = io->queue_depth;
+    io->wake_fd = eventfd(0, EFD_CLOEXEC);
+    if (io->wake_fd < 0) {
+        return -errno;
     }
+    io->threads = calloc(1, sizeof(*io->threads));
+    if (!io->threads) {
+        return -ENOMEM;
+    }
+    int err = pthread_create(&io->threads[0], NULL, uring_driver, io);
+    if (err != 0) {
+        return -err;
+    }
+    io->n_threads = 1;
+    return 0;
 }
 
-/* ---- threads backend ---- */
+static void uring_wake(struct guanaco_io *io) {
+    uint64_t one = 1;
+    /* Only a full counter (2^64 - 2 unread wake-ups) could refuse, and then the driver is awake anyway. */
+    (void)!write(io->wake_fd, &one, sizeof(one));
+}
+
+/* ---- threads backend: queue_depth blocking preads at once ---- */
 
 /* Reads one chunk with blocking preads until it is complete or failed. */
 static int read_chunk(struct guanaco_io *io, struct chunk *c) {
@@ -419,57 +539,30 @@ static int read_chunk(struct guanaco_io *io, struct chunk *c) {
     }
 }
 
-/* Takes and reads chunks until the batch has none left; called and returns with io->lock held. */
-static void run_chunks(struct guanaco_io *io, struct batch *b) {
-    struct chunk c;
-    while (next_chunk(io, b, &c)) {
-        io->busy++;
-        pthread_mutex_unlock(&io->lock);
-        int state = read_chunk(io, &c);
-        pthread_mutex_lock(&io->lock);
-        io->busy--;
-        if (state < 0 && b->requests[c.request].result == 0) {
-            b->requests[c.request].result = state;
-        }
-    }
-    if (io->busy == 0) {
-        pthread_cond_signal(&io->work_done);
-    }
-}
-
 static void *worker_main(void *arg) {
     struct guanaco_io *io = arg;
     pthread_mutex_lock(&io->lock);
     while (!io->stopping) {
-        if (io->batch && !batch_exhausted(io->batch)) {
-            run_chunks(io, io->batch);
-        } else {
+        struct chunk c;
+        if (!take_chunk(io, &c)) {
             pthread_cond_wait(&io->work_ready, &io->lock);
+            continue;
         }
+        pthread_mutex_unlock(&io->lock);
+        int state = read_chunk(io, &c);
+        pthread_mutex_lock(&io->lock);
+        chunk_finished(io, &c, state);
     }
     pthread_mutex_unlock(&io->lock);
     return NULL;
 }
 
 static int threads_create(struct guanaco_io *io) {
-    if (pthread_mutex_init(&io->lock, NULL) != 0) {
-        return -ENOMEM;
-    }
-    if (pthread_cond_init(&io->work_ready, NULL) != 0) {
-        pthread_mutex_destroy(&io->lock);
-        return -ENOMEM;
-    }
-    if (pthread_cond_init(&io->work_done, NULL) != 0) {
-        pthread_cond_destroy(&io->work_ready);
-        pthread_mutex_destroy(&io->lock);
-        return -ENOMEM;
-    }
-    io->sync_ready = true;
     io->threads = calloc(io->queue_depth, sizeof(*io->threads));
     if (!io->threads) {
         return -ENOMEM;
     }
-    for (unsigned i = 0; i + 1 < io->queue_depth; i++) {
+    for (unsigned i = 0; i < io->queue_depth; i++) {
         int err = pthread_create(&io->threads[i], NULL, worker_main, io);
         if (err != 0) {
             return -err;
@@ -479,21 +572,24 @@ static int threads_create(struct guanaco_io *io) {
     return 0;
 }
 
-static int threads_read_batch(struct guanaco_io *io, struct batch *b) {
-    pthread_mutex_lock(&io->lock);
-    io->batch = b;
-    pthread_cond_broadcast(&io->work_ready);
-    run_chunks(io, b);
-    /* The cursor is exhausted; other threads may still be reading into the caller's buffers. */
-    while (io->busy > 0) {
-        pthread_cond_wait(&io->work_done, &io->lock);
+/* ---- lifecycle ---- */
+
+static int sync_create(struct guanaco_io *io) {
+    if (pthread_mutex_init(&io->lock, NULL) != 0) {
+        return -ENOMEM;
     }
-    io->batch = NULL;
-    pthread_mutex_unlock(&io->lock);
+    if (pthread_cond_init(&io->work_ready, NULL) != 0) {
+        pthread_mutex_destroy(&io->lock);
+        return -ENOMEM;
+    }
+    if (pthread_cond_init(&io->job_done, NULL) != 0) {
+        pthread_cond_destroy(&io->work_ready);
+        pthread_mutex_destroy(&io->lock);
+        return -ENOMEM;
+    }
+    io->sync_ready = true;
     return 0;
 }
-
-/* ---- lifecycle ---- */
 
 int guanaco_io_create(enum guanaco_io_backend backend, unsigned queue_depth, unsigned max_chunk_bytes,
                       struct guanaco_io **out) {
@@ -504,7 +600,7 @@ int guanaco_io_create(enum guanaco_io_backend backend, unsigned queue_depth, uns
     if (queue_depth == 0 || queue_depth > GUANACO_IO_MAX_QUEUE_DEPTH || max_chunk_bytes == 0 ||
         max_chunk_bytes > GUANACO_IO_MAX_CHUNK_BYTES) {
         guanaco_log_error("io: queue depth %u must be in 1..%u and chunk size %u in 1..%u", queue_depth,
-                     GUANACO_IO_MAX_QUEUE_DEPTH, max_chunk_bytes, GUANACO_IO_MAX_CHUNK_BYTES);
+                          GUANACO_IO_MAX_QUEUE_DEPTH, max_chunk_bytes, GUANACO_IO_MAX_CHUNK_BYTES);
         return -EINVAL;
     }
     struct guanaco_io *io = calloc(1, sizeof(*io));
@@ -514,8 +610,12 @@ int guanaco_io_create(enum guanaco_io_backend backend, unsigned queue_depth, uns
     io->backend = backend;
     io->queue_depth = queue_depth;
     io->max_chunk_bytes = max_chunk_bytes;
+    io->wake_fd = -1;
     atomic_init(&io->fault_armed, false);
-    int ret = backend == GUANACO_IO_URING ? uring_create(io) : threads_create(io);
+    int ret = sync_create(io);
+    if (ret == 0) {
+        ret = backend == GUANACO_IO_URING ? uring_create(io) : threads_create(io);
+    }
     if (ret < 0) {
         guanaco_io_destroy(io);
         return ret;
@@ -528,40 +628,109 @@ void guanaco_io_destroy(struct guanaco_io *io) {
     if (!io) {
         return;
     }
-    if (io->ring_ready) {
-        io_uring_queue_exit(&io->ring);
-    }
-    free(io->slots);
-    free(io->free_slots);
     if (io->sync_ready) {
         pthread_mutex_lock(&io->lock);
         io->stopping = true;
         pthread_cond_broadcast(&io->work_ready);
         pthread_mutex_unlock(&io->lock);
+        if (io->wake_fd >= 0) {
+            uring_wake(io);
+        }
         for (unsigned i = 0; i < io->n_threads; i++) {
             pthread_join(io->threads[i], NULL);
         }
-        pthread_cond_destroy(&io->work_done);
+    }
+    if (io->ring_ready) {
+        io_uring_queue_exit(&io->ring);
+    }
+    if (io->wake_fd >= 0) {
+        close(io->wake_fd);
+    }
+    if (io->sync_ready) {
+        pthread_cond_destroy(&io->job_done);
         pthread_cond_destroy(&io->work_ready);
         pthread_mutex_destroy(&io->lock);
     }
+    free(io->slots);
+    free(io->free_slots);
     free(io->threads);
     free(io);
 }
 
-int guanaco_io_read_batch(struct guanaco_io *io, struct guanaco_io_request *requests, size_t n) {
-    if (n > 0 && !requests) {
+int guanaco_io_submit(struct guanaco_io *io, struct guanaco_io_job *job, struct guanaco_io_request *requests,
+                      size_t n, int urgent) {
+    if (!job || (n > 0 && !requests)) {
         return -EINVAL;
     }
+    pthread_mutex_lock(&io->lock);
+    *job = (struct guanaco_io_job){.requests = requests, .n = n, .checked_fd = -1};
     if (io->broken) {
         for (size_t i = 0; i < n; i++) {
             requests[i].result = io->broken;
         }
-        return n > 0 ? io->broken : 0;
+        job->next_request = n;
+    } else {
+        enter_next_request(job, false);
     }
-    struct batch b;
-    batch_start(&b, requests, n);
-    int ret = io->backend == GUANACO_IO_URING ? uring_read_batch(io, &b) : threads_read_batch(io, &b);
-    int failure = first_failure(requests, n);
-    return failure ? failure : ret;
+    if (job_exhausted(job)) {
+        job->done = 1; /* nothing to read: empty, or every request refused before any I/O */
+        pthread_mutex_unlock(&io->lock);
+        return 0;
+    }
+    queue_push(urgent ? &io->urgent : &io->normal, job);
+    if (io->backend == GUANACO_IO_THREADS) {
+        pthread_cond_broadcast(&io->work_ready);
+    }
+    pthread_mutex_unlock(&io->lock);
+    if (io->backend == GUANACO_IO_URING) {
+        uring_wake(io);
+    }
+    return 0;
+}
+
+int guanaco_io_poll(struct guanaco_io *io, struct guanaco_io_job *job) {
+    pthread_mutex_lock(&io->lock);
+    int done = job->done;
+    pthread_mutex_unlock(&io->lock);
+    return done;
+}
+
+int guanaco_io_wait(struct guanaco_io *io, struct guanaco_io_job *job) {
+    pthread_mutex_lock(&io->lock);
+    while (!job->done) {
+        pthread_cond_wait(&io->job_done, &io->lock);
+    }
+    pthread_mutex_unlock(&io->lock);
+    return first_failure(job->requests, job->n);
+}
+
+uint64_t guanaco_io_cancel(struct guanaco_io *io, struct guanaco_io_job *job) {
+    pthread_mutex_lock(&io->lock);
+    if (job->queued) {
+        queue_remove(&io->urgent, job);
+        queue_remove(&io->normal, job);
+        /* the request the cursor is inside may be partly issued: it cannot complete now */
+        for (size_t i = job->next_request; i < job->n; i++) {
+            if (job->requests[i].result == 0 && job->requests[i].length > 0) {
+                job->requests[i].result = -ECANCELED;
+            }
+        }
+        job->next_request = job->n;
+        finish_if_complete(io, job);
+    }
+    while (!job->done) {
+        pthread_cond_wait(&io->job_done, &io->lock);
+    }
+    pthread_mutex_unlock(&io->lock);
+    uint64_t useful = 0;
+    for (size_t i = 0; i < job->n; i++) {
+        useful += job->requests[i].result == 0 ? job->requests[i].length : 0;
+    }
+    return useful;
+}
+
+int guanaco_io_read_batch(struct guanaco_io *io, struct guanaco_io_request *requests, size_t n) {
+    struct guanaco_io_job job;
+    int ret = guanaco_io_submit(io, &job, requests, n, 1);
+    return ret < 0 ? ret : guanaco_io_wait(io, &job);
 }

@@ -5,11 +5,18 @@
  * io_uring, and a pthread pool doing pread(2) for systems where io_uring is
  * missing or blocked (seccomp, io_uring_disabled).
  *
- * Ownership: the caller owns the requests and their destinations; the batch
- * call borrows them and is done with them when it returns (no read into a
- * destination happens after that). One guanaco_io runs one batch at a time:
- * it is not safe to call guanaco_io_read_batch on the same object from two
- * threads at once.
+ * Reads are asynchronous underneath: a job (one batch of requests) is
+ * submitted and returns at once; background workers (one io_uring driver
+ * thread, or queue_depth pread threads) keep up to queue_depth chunks in
+ * flight across every job queued, urgent jobs first. The caller polls,
+ * waits for any subset of its jobs, or cancels one. guanaco_io_read_batch
+ * is submit + wait.
+ *
+ * Ownership: the caller owns each job, its requests and their destinations;
+ * the io object borrows them from submit until wait or cancel returns for
+ * that job (no read into a destination happens after that). Every submitted
+ * job must be waited for or cancelled before it is reused or freed, and
+ * before guanaco_io_destroy. Any thread may submit, poll, wait or cancel.
  */
 #ifndef GUANACO_IO_H
 #define GUANACO_IO_H
@@ -37,6 +44,26 @@ struct guanaco_io_request {
 struct guanaco_io;
 
 /*
+ * One submitted batch. Caller-owned storage; its fields are io.c's own
+ * between submit and the return of wait or cancel.
+ */
+struct guanaco_io_job {
+    struct guanaco_io_request *requests;
+    size_t n;
+    /* the cursor: which chunk comes next */
+    size_t next_request;
+    uint64_t next_offset;  /* within requests[next_request] */
+    uint64_t request_base; /* position of requests[next_request]'s first byte, counted across the job */
+    int checked_fd;        /* fcntl(F_GETFL) is asked once per run of requests on the same fd */
+    int checked_direct;
+    size_t unaligned_reported;
+    unsigned in_flight;    /* chunks being read */
+    int queued;            /* still has chunks to issue: linked in a queue */
+    int done;              /* every chunk issued has completed and none is left to issue */
+    struct guanaco_io_job *next_in_queue;
+};
+
+/*
  * queue_depth: chunks kept in flight at once (ring entries, or pool threads).
  * max_chunk_bytes: the largest single read; on an O_DIRECT fd it is rounded
  * down to a multiple of GUANACO_IO_DIRECT_ALIGNMENT (at least one block).
@@ -60,7 +87,31 @@ int guanaco_io_create(enum guanaco_io_backend backend, unsigned queue_depth, uns
  */
 int guanaco_io_read_batch(struct guanaco_io *io, struct guanaco_io_request *requests, size_t n);
 
-/* Frees the object; NULL is accepted. No batch may be running. */
+/*
+ * Queues the job's n requests and returns at once; urgent jobs are read
+ * before every non-urgent one not yet issued (a layer that is about to
+ * compute goes ahead of a guess about the next one). Requests are checked
+ * when their turn comes, as in read_batch. Returns 0, or -EINVAL (n > 0
+ * with no requests, or a job already running) with the job not queued.
+ */
+int guanaco_io_submit(struct guanaco_io *io, struct guanaco_io_job *job, struct guanaco_io_request *requests,
+                      size_t n, int urgent);
+
+/* 1 when every request of the job has its result, else 0. Never blocks on I/O. */
+int guanaco_io_poll(struct guanaco_io *io, struct guanaco_io_job *job);
+
+/* Waits until the job is done. Returns read_batch's value for its requests. */
+int guanaco_io_wait(struct guanaco_io *io, struct guanaco_io_job *job);
+
+/*
+ * Stops issuing the job's chunks, waits for those in flight, and gives each
+ * request that is not complete the result -ECANCELED (a request already
+ * complete keeps its result). Returns the number of bytes that were read
+ * into place in complete requests, i.e. the job's useful work.
+ */
+uint64_t guanaco_io_cancel(struct guanaco_io *io, struct guanaco_io_job *job);
+
+/* Frees the object; NULL is accepted. No job may be queued or running. */
 void guanaco_io_destroy(struct guanaco_io *io);
 
 const char *guanaco_io_backend_name(enum guanaco_io_backend backend);

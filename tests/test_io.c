@@ -3,7 +3,8 @@
  * ranges of 1 B to 8 MiB at unaligned offsets compared with plain pread, the
  * O_DIRECT path and its alignment checks, end of file before the length, and
  * injected faults (an error, a short read, EINTR, a premature end of file)
- * that must fail only their own request. A 64 MiB file with a known pattern
+ * that must fail only their own request; and jobs: several in flight at
+ * once, waited for one by one, urgent before the rest, and cancelled. A 64 MiB file with a known pattern
  * is written under $TMPDIR (or /tmp) and removed at once.
  */
 #include "io.h"
@@ -376,6 +377,88 @@ static void test_edges(enum guanaco_io_backend backend) {
     }
 }
 
+/* Jobs in flight together: each lands exactly, a subset can be waited for alone, and poll never blocks. */
+static void test_jobs(enum guanaco_io_backend backend, unsigned depth) {
+    struct guanaco_io *io = create_or_skip(backend, depth, 64 * 1024);
+    enum { JOBS = 6, PER_JOB = 5 };
+    struct guanaco_io_request requests[JOBS][PER_JOB];
+    struct guanaco_io_job jobs[JOBS];
+    unsigned char *buffers[JOBS][PER_JOB];
+    for (int j = 0; j < JOBS; j++) {
+        for (int i = 0; i < PER_JOB; i++) {
+            uint64_t length = 1 + random_below(3 * MiB);
+            buffers[j][i] = guarded_buffer(length);
+            requests[j][i] = (struct guanaco_io_request){.fd = fd_buffered, .offset = random_below(FILE_BYTES - length),
+                                                         .length = length, .destination = buffers[j][i], .result = 1};
+        }
+        CHECK(guanaco_io_submit(io, &jobs[j], requests[j], PER_JOB, j % 2) == 0);
+    }
+    /* the last job alone first: it must not need the others to be waited for */
+    CHECK(guanaco_io_wait(io, &jobs[JOBS - 1]) == 0);
+    CHECK(guanaco_io_poll(io, &jobs[JOBS - 1]) == 1);
+    for (int j = 0; j < JOBS; j++) {
+        CHECK(guanaco_io_wait(io, &jobs[j]) == 0);
+        for (int i = 0; i < PER_JOB; i++) {
+            CHECK(requests[j][i].result == 0);
+            CHECK(matches_pattern(buffers[j][i], requests[j][i].offset, requests[j][i].length));
+            CHECK(guard_intact(buffers[j][i], requests[j][i].length));
+            free(buffers[j][i]);
+        }
+    }
+    /* an empty job is done at once */
+    struct guanaco_io_job empty;
+    CHECK(guanaco_io_submit(io, &empty, NULL, 0, 0) == 0 && guanaco_io_poll(io, &empty) == 1);
+    CHECK(guanaco_io_wait(io, &empty) == 0);
+    CHECK(guanaco_io_submit(io, &empty, NULL, 3, 0) == -EINVAL);
+    guanaco_io_destroy(io);
+}
+
+/*
+ * A long non-urgent job (thousands of 4 KiB chunks at depth 1) and an urgent
+ * one submitted after it: the urgent one finishes first. Then cancelling the
+ * long job stops it early: its unread requests say -ECANCELED, the bytes it
+ * reports as read are exactly its complete requests, and those are correct.
+ */
+static void test_urgent_and_cancel(enum guanaco_io_backend backend) {
+    struct guanaco_io *io = create_or_skip(backend, 1, 4096);
+    enum { LONG_REQUESTS = 64 };
+    struct guanaco_io_request slow[LONG_REQUESTS];
+    unsigned char *slow_buffer = malloc(LONG_REQUESTS * MiB);
+    for (int i = 0; i < LONG_REQUESTS; i++) {
+        slow[i] = (struct guanaco_io_request){.fd = fd_buffered, .offset = (uint64_t)i * MiB, .length = MiB,
+                                              .destination = slow_buffer + (size_t)i * MiB};
+    }
+    unsigned char *fast_buffer = guarded_buffer(8192);
+    struct guanaco_io_request fast = {.fd = fd_buffered, .offset = 12345, .length = 8192, .destination = fast_buffer};
+    struct guanaco_io_job slow_job, fast_job;
+    CHECK(guanaco_io_submit(io, &slow_job, slow, LONG_REQUESTS, 0) == 0);
+    CHECK(guanaco_io_submit(io, &fast_job, &fast, 1, 1) == 0);
+    CHECK(guanaco_io_wait(io, &fast_job) == 0);
+    CHECK(matches_pattern(fast_buffer, fast.offset, fast.length) && guard_intact(fast_buffer, fast.length));
+    CHECK(guanaco_io_poll(io, &slow_job) == 0); /* 16384 chunks at depth 1 cannot be done yet */
+    uint64_t useful = guanaco_io_cancel(io, &slow_job);
+    CHECK(guanaco_io_poll(io, &slow_job) == 1);
+    uint64_t complete = 0;
+    int cancelled = 0;
+    for (int i = 0; i < LONG_REQUESTS; i++) {
+        if (slow[i].result == 0) {
+            complete += slow[i].length;
+            CHECK(matches_pattern(slow[i].destination, slow[i].offset, slow[i].length));
+        } else {
+            CHECK(slow[i].result == -ECANCELED);
+            cancelled++;
+        }
+    }
+    CHECK(useful == complete);
+    CHECK(cancelled > 0);
+    CHECK(guanaco_io_wait(io, &slow_job) == -ECANCELED);
+    /* cancelling a job that is already done changes nothing */
+    CHECK(guanaco_io_cancel(io, &fast_job) == fast.length && fast.result == 0);
+    free(slow_buffer);
+    free(fast_buffer);
+    guanaco_io_destroy(io);
+}
+
 static void test_backend(enum guanaco_io_backend backend) {
     const char *name = guanaco_io_backend_name(backend);
     struct guanaco_io *probe = NULL;
@@ -403,6 +486,9 @@ static void test_backend(enum guanaco_io_backend backend) {
     test_direct(backend, 1);
     test_direct(backend, 16);
     test_edges(backend);
+    test_jobs(backend, 1);
+    test_jobs(backend, 16);
+    test_urgent_and_cancel(backend);
     printf("%s %s\n", check_failed == before ? "PASS" : "FAIL", name);
 }
 
