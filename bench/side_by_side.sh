@@ -2,13 +2,14 @@
 # side_by_side.sh - owns the live benchmark: plain llama.cpp against Guanaco on
 # one model, in one invocation, interleaved, under the same real cgroup v1
 # memory limit per budget, with the page cache of the model dropped before
-# every run. It writes the raw runs (runs.csv), a Markdown report
-# (report.md: medians, spreads, ratios against plain llama.cpp, the physical
-# limit, and the simulator's prediction of the same runs) and a gnuplot PNG.
+# every limited run and filled before the in-RAM reference. It writes the raw
+# runs (runs.csv), a Markdown report (report.md: medians, ranges, ratios
+# against plain llama.cpp, the physical limit, compute under the engine, and
+# the simulator's prediction of the same runs) and a gnuplot PNG.
 #
 #   bench/side_by_side.sh --model M.gguf [--replay TRACE] [--budgets "10 25 50 100"]
-#       [--variants "plain lazy guanaco"] [--reps N] [--tokens N] [--prompt N]
-#       [--margin-mib N] [--compute-ms X] [--out DIR] [--title TEXT]
+#       [--variants "ram plain lazy guanaco"] [--reps N] [--tokens N] [--prompt N]
+#       [--margin-mib N] [--compute-ms X] [--threads N] [--out DIR] [--title TEXT]
 #
 # A budget B% means: Guanaco may keep B% of the model's expert bytes resident
 # (--guanaco-ram), and every variant runs in a cgroup limit of
@@ -16,31 +17,63 @@
 #   compute buffers, one layer's working set in flight, the process itself).
 # Variants (each runs with -nr: no CPU repacking, so plain llama.cpp can
 # stream Q4_0 at all, and both compute on the same layout):
-#   ram              no limit, streaming off: everything in RAM (once per rep; skipped when it cannot fit)
+#   ram              the WARM in-RAM reference: the whole model is read into the page
+#                    cache first (cat), then llama-bench runs with streaming off and no
+#                    binding limit (a cgroup at MemTotal, only to measure reads and peak).
+#                    Once per rep, before that rep's limited runs; skipped when the model
+#                    + 1 GiB exceeds MemAvailable; refused unless >= 99% of the model is
+#                    cached when it starts
 #   plain            plain llama.cpp, mmap, streaming off
-#   lazy             --guanaco-streaming only (experts not read at load)
-#   guanaco[:POLICY[:LOAD[:IO]]]  the residency engine with budget B%
+#   lazy[+SET...]    --guanaco-streaming only (experts not read at load)
+#   guanaco[:POLICY[:LOAD[:IO]]][+SET...]   the residency engine with budget B%
+#   +SET             +KEY=VALUE, repeatable: the run gets the environment variable
+#                    GUANACO_KEY=VALUE (KEY upper-cased, '-' read as '_'). KEY is
+#                    [a-z][a-z0-9_-]*, VALUE is [A-Za-z0-9._/-]+ (no ',', ':' or '+').
+#                    prefetch takes none|pilot (the engine's default is pilot), e.g.
+#                      guanaco+prefetch=none                           default configuration, prefetch off
+#                      guanaco+prefetch=pilot                          default configuration, prefetch on
+#                      guanaco:layer-lru:page-cache:uring+prefetch=none
+#                    Settings come after the script's own GUANACO_STATUS_EVERY=1,
+#                    GUANACO_AUDIT=0 and GUANACO_TRACE_OUT, so they override them (the
+#                    miss, stall and prompt columns need STATUS_EVERY=1).
+# Every limited run (all but ram) starts from a dropped page cache, checked:
+# a warm ram run never leaks into the runs after it. Each rep runs ram, then
+# every budget x variant in the order given, so variants alternate across reps.
 # With --replay, every variant (plain included: the hook then only replays)
 # routes by the recorded trace instead of the synthetic router.
 #
-# Definitions used in the report:
-#   decode tok/s     llama-bench tg (after its warmup), median over reps
-#   prompt tok/s     llama-bench pp of --prompt tokens; TTFT = prompt/pp + 1/tg
+# Definitions used in the report (report.sh's header has the derived ones):
+#   decode tok/s     llama-bench tg (after its warmup), median over reps, [min-max]
+#   prompt tok/s     llama-bench pp of --prompt tokens (after its warmup prompt); TTFT = prompt/pp + 1/tg
 #   disk read        bytes the run submitted to the block layer (/proc/PID/io, children included)
 #   peak memory      the cgroup's max_usage_in_bytes
 #   miss bytes/token Guanaco's bytes read over the last --tokens status lines (the measured decode)
-#   physical limit   1 / (miss bytes per token / fio bandwidth + in-RAM compute time per token)
+#   stall ms/token   Guanaco's stall (compute waiting on residency) over the same status lines
+#   prompt bytes     Guanaco's bytes read over the status lines of the measured prompt, one per ubatch
+#                    of 512 tokens (-ub 512); empty unless those lines add up to exactly --prompt tokens
+#   compute/token    warm in-RAM compute per decode token: 1000 / the warm ram runs' median decode
+#                    tok/s, unless --compute-ms is given
+#   physical limit   OVERLAPPED: 1 / max(miss bytes per token / fio bandwidth, compute per token);
+#                    the serial limit 1 / (miss / fio + compute) is printed beside it
+#   prompt limit     prompt / max(prompt bytes / fio bandwidth, prompt / warm ram prompt tok/s)
+#   outside stall    1 / decode tok/s - stall per token: compute under the engine plus the engine's
+#                    own work outside the stall; flagged where it exceeds warm compute by > 10%
 #   fio bandwidth    fio randread, 1 MiB blocks, io_uring, queue depth 16, O_DIRECT, on the model
 #                    file: Guanaco's read size and depth; the higher of a sample before and after the runs
-# The report is refused when a run did not start cold (more than 1% of the
-# model cached) or ran without its limit in force.
+# The report is refused when a limited run did not start cold (more than 1% of
+# the model cached), the ram run did not start warm (less than 99% cached), or
+# a run ran without its limit in force.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN="$ROOT/build/cmake/bin"
 
 MODEL="" REPLAY="" BUDGETS="10 25 50 100" VARIANTS="ram plain lazy guanaco" REPS=1 TOKENS=16 PROMPT=32
 MARGIN_MIB=1536 COMPUTE_MS="" OUT="" TITLE="" THREADS=$(nproc)
+UBATCH=512     # llama-bench's default -ub, passed explicitly: the prompt's status lines come one per ubatch
+WARM_PCT=99    # the ram run must start with at least this much of the model cached
+COLD_PCT=1     # every other run with at most this much
 die() { echo "side_by_side: $*" >&2; exit 2; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [ $# -gt 0 ]; do
     case $1 in
     --model) MODEL=$2; shift 2 ;;
@@ -55,23 +88,60 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --title) TITLE=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
 done
+
+# variant_parse VARIANT: sets V_KIND V_POLICY V_LOAD V_IO and V_ENV (GUANACO_KEY=VALUE words); dies on a bad one
+variant_parse() {
+    local variant=$1 base settings rest kv key name
+    local -a parts=()
+    base=${variant%%+*}
+    settings=${variant:${#base}}
+    IFS=: read -r V_KIND V_POLICY V_LOAD V_IO rest <<<"$base"
+    V_ENV=()
+    case $V_KIND in
+    ram | plain) [ "$variant" = "$V_KIND" ] || die "variant '$variant': $V_KIND takes no :FIELDS and no +KEY=VALUE" ;;
+    lazy) [ "$base" = lazy ] || die "variant '$variant': lazy takes no :FIELDS (only +KEY=VALUE)" ;;
+    guanaco) [ -z "$rest" ] || die "variant '$variant': guanaco takes at most :POLICY:LOAD:IO" ;;
+    *) die "unknown variant '$variant' (see --help)" ;;
+    esac
+    [ -z "$settings" ] && return 0
+    [[ $settings =~ ^(\+[a-z][a-z0-9_-]*=[A-Za-z0-9._/-]+)+$ ]] ||
+        die "variant '$variant': settings are +KEY=VALUE, KEY [a-z][a-z0-9_-]*, VALUE [A-Za-z0-9._/-]+"
+    IFS=+ read -ra parts <<<"${settings#+}"
+    for kv in "${parts[@]}"; do
+        key=${kv%%=*}
+        case $key in
+        prefetch) [[ ${kv#*=} =~ ^(none|pilot)$ ]] || die "variant '$variant': prefetch is none or pilot" ;;
+        esac
+        name=${key^^}
+        V_ENV+=("GUANACO_${name//-/_}=${kv#*=}")
+    done
+}
+
 [ -f "$MODEL" ] || die "--model FILE is required and must exist"
 [ -z "$REPLAY" ] || [ -f "$REPLAY" ] || die "--replay $REPLAY: no such file"
 for n in $REPS $TOKENS $PROMPT $MARGIN_MIB $BUDGETS; do
     [[ $n =~ ^[0-9]+$ ]] || die "expected whole numbers, got '$n'"
 done
-for b in $BUDGETS; do [ "$b" -ge 1 ] && [ "$b" -le 100 ] || die "budgets are 1..100 (% of expert bytes)"; done
+for b in $BUDGETS; do
+    if [ "$b" -lt 1 ] || [ "$b" -gt 100 ]; then die "budgets are 1..100 (% of expert bytes)"; fi
+done
+read -ra VARIANT_LIST <<<"$VARIANTS"
+[ ${#VARIANT_LIST[@]} -gt 0 ] || die "--variants is empty"
+for variant in "${VARIANT_LIST[@]}"; do variant_parse "$variant"; done # before an hour of runs, not during
 [ -w /sys/fs/cgroup/memory ] || die "needs cgroup v1 memory at /sys/fs/cgroup/memory, writable (root)"
 command -v fio >/dev/null || die "needs fio"
+command -v fincore >/dev/null || die "needs fincore (util-linux)"
 OUT=${OUT:-$ROOT/build/bench/$(basename "$MODEL" .gguf)${REPLAY:+-replay}}
 mkdir -p "$OUT/logs"
 SIZE=$(stat -c %s "$MODEL")
+MEMTOTAL=$(($(awk '/MemTotal/ { print $2 }' /proc/meminfo) * 1024))
 RUNS="$OUT/runs.csv"
-echo "budget_pct,variant,rep,limit_bytes,tg_ts,pp_ts,read_bytes,max_usage,resident_pct,guanaco_read_gib,guanaco_gbps,miss_bytes_per_token,stall_ms_per_token,cached_before,rc" >"$RUNS"
+echo "budget_pct,variant,rep,limit_bytes,tg_ts,pp_ts,read_bytes,max_usage,resident_pct,guanaco_read_gib,guanaco_gbps,\
+miss_bytes_per_token,stall_ms_per_token,prompt_read_bytes,prompt_stall_ms_per_token,cached_before,cached_pct,rc" >"$RUNS"
 
 # ---- the model's split: one lazy load that evaluates a single token ----
 probe_log="$OUT/logs/probe.err"
@@ -100,6 +170,8 @@ $(awk '/MemTotal/ { printf "%.1f GiB RAM", $2 / 1048576 }' /proc/meminfo), kerne
 DEVICE=$(df --output=source "$MODEL" | tail -1)
 READAHEAD=$(blockdev --getra "$DEVICE" 2>/dev/null || echo "?")
 
+model_cached() { fincore --bytes --noheadings --output RES "$MODEL" | tr -d ' '; }
+
 # ---- one run ----
 # run BUDGET VARIANT REP: appends one row to runs.csv
 run() {
@@ -107,27 +179,46 @@ run() {
     local name="b${budget}-${variant//:/-}-r$rep" limit flags=() env_extra=()
     local budget_bytes=$((EXPERT_BYTES * budget / 100))
     limit=$(((NON_EXPERT + budget_bytes + MARGIN) / 4096 * 4096)) # the kernel keeps whole pages
-    IFS=: read -r kind policy load io <<<"$variant"
-    case $kind in
-    ram) limit=$(($(awk '/MemTotal/ { print $2 }' /proc/meminfo) * 1024)) ;; # measured the same way, never binding
+    variant_parse "$variant"
+    case $V_KIND in
+    ram) limit=$((MEMTOTAL / 4096 * 4096)) ;; # measured the same way, never binding
     plain) ;;
     lazy) flags=(--guanaco-streaming) ;;
     guanaco)
         flags=(--guanaco-streaming --guanaco-ram "$budget_bytes")
-        [ -n "${policy:-}" ] && flags+=(--guanaco-policy "$policy")
-        [ -n "${load:-}" ] && flags+=(--guanaco-load "$load")
-        [ -n "${io:-}" ] && flags+=(--guanaco-io "$io")
+        [ -n "${V_POLICY:-}" ] && flags+=(--guanaco-policy "$V_POLICY")
+        [ -n "${V_LOAD:-}" ] && flags+=(--guanaco-load "$V_LOAD")
+        [ -n "${V_IO:-}" ] && flags+=(--guanaco-io "$V_IO")
         env_extra=(GUANACO_STATUS_EVERY=1 GUANACO_AUDIT=0 GUANACO_TRACE_OUT="$OUT/logs/$name.trace") ;;
-    *) die "unknown variant $variant" ;;
     esac
+    env_extra+=("${V_ENV[@]}") # the variant's +KEY=VALUE settings, last so they win
     [ -n "$REPLAY" ] && flags+=(--guanaco-trace-replay "$REPLAY")
-    "$BIN/evict_file" "$MODEL" >/dev/null
+    # The page cache of the model: filled for the warm in-RAM reference, dropped for every other run, and
+    # checked either way before the run starts. A warm ram run cannot leak into a limited run after it:
+    # that run drops the cache again and is refused unless it starts cold.
     local cached
-    cached=$(fincore --bytes --noheadings --output RES "$MODEL" | tr -d ' ')
+    if [ "$V_KIND" = ram ]; then
+        cat "$MODEL" >/dev/null
+        cached=$(model_cached)
+        if [ $((cached * 100)) -lt $((SIZE * WARM_PCT)) ]; then
+            echo "side_by_side: REFUSED: $name started with only $cached of $SIZE bytes of the model cached" \
+                "(the warm in-RAM reference needs >= $WARM_PCT%; is memory short?)" >&2
+            exit 1
+        fi
+    else
+        "$BIN/evict_file" "$MODEL" >/dev/null
+        cached=$(model_cached)
+        if [ $((cached * 100)) -gt $((SIZE * COLD_PCT)) ]; then
+            echo "side_by_side: REFUSED: $name started with $cached bytes of the model cached (page cache not dropped)" >&2
+            exit 1
+        fi
+    fi
+    local cached_pct
+    cached_pct=$(awk -v c="$cached" -v s="$SIZE" 'BEGIN { printf "%.1f", 100 * c / s }')
     local wrap=(bash "$ROOT/tests/cgroup_run.sh" "$limit" --)
     local rc=0
     env "${env_extra[@]}" "${wrap[@]}" "$BIN/llama-bench" -m "$MODEL" -p "$PROMPT" -n "$TOKENS" -r 1 -t "$THREADS" \
-        -nr -o csv "${flags[@]}" >"$OUT/logs/$name.csv" 2>"$OUT/logs/$name.err" || rc=$?
+        -ub "$UBATCH" -nr -o csv "${flags[@]}" >"$OUT/logs/$name.csv" 2>"$OUT/logs/$name.err" || rc=$?
     local csv="$OUT/logs/$name.csv" err="$OUT/logs/$name.err"
     local tg pp
     tg=$(awk -F'"?,"?' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i }
@@ -143,11 +234,7 @@ run() {
         echo "side_by_side: REFUSED: $name ran without its limit in force (asked $limit, cgroup says '${limit_seen:-none}')" >&2
         exit 1
     fi
-    if [ "$cached" -gt $((SIZE / 100)) ]; then
-        echo "side_by_side: REFUSED: $name started with $cached bytes of the model cached (page cache not dropped)" >&2
-        exit 1
-    fi
-    local final resident gib gbps miss stall
+    local final resident gib gbps miss stall pbytes="" pstall=""
     final=$(grep -h 'guanaco: residency: [0-9]* tokens' "$err" | tail -1 || true)
     resident=$(sed -n 's/.*resident \([0-9.]*\)% of.*/\1/p' <<<"$final")
     gib=$(sed -n 's/.* \([0-9.]*\) GiB read at.*/\1/p' <<<"$final")
@@ -157,22 +244,39 @@ run() {
         sed -n 's/.* \([0-9.]*\) GiB read at.*/\1/p' | awk '{ s += $1; n++ } END { if (n) printf "%.0f", s * 1073741824 / n }' || true)
     stall=$(grep -h 'guanaco: status at token' "$err" | grep ': 1 tokens,' | tail -n "$TOKENS" |
         sed -n 's/.*stall \([0-9.]*\) ms\/token.*/\1/p' | awk '{ s += $1; n++ } END { if (n) printf "%.1f", s / n }' || true)
-    echo "$budget,$variant,$rep,$limit,${tg:-},${pp:-},${read_bytes:-},${max_usage:-},${resident:-},${gib:-},${gbps:-},${miss:-},${stall:-},$cached,$rc" >>"$RUNS"
-    printf '%4s%% %-28s rep %s: decode %6s tok/s, prompt %6s tok/s, read %6.2f GB, peak %6.2f GB%s%s\n' \
+    # the measured prompt: the last ceil(PROMPT / UBATCH) multi-token status lines (one per ubatch; the warmup
+    # prompt's lines come before them, the decode's are one-token lines), kept only when they add up to
+    # exactly PROMPT tokens; a one-token prompt cannot be told from decode and stays empty
+    if [ "$PROMPT" -gt 1 ]; then
+        read -r pbytes pstall <<<"$(grep -h 'guanaco: status at token' "$err" |
+            sed -n 's/.*status at token [0-9]*: \([0-9]*\) tokens,.* \([0-9.]*\) GiB read at.*stall \([0-9.]*\) ms\/token.*/\1 \2 \3/p' |
+            awk -v p="$PROMPT" -v ub="$UBATCH" '$1 > 1 { n++; t[n] = $1; g[n] = $2; s[n] = $3 }
+                END { k = int((p + ub - 1) / ub); if (n < k) exit
+                      for (i = n - k + 1; i <= n; i++) { tok += t[i]; gib += g[i]; st += s[i] * t[i] }
+                      if (tok == p) printf "%.0f %.1f\n", gib * 1073741824, st / p }' || true)"
+    fi
+    echo "$budget,$variant,$rep,$limit,${tg:-},${pp:-},${read_bytes:-},${max_usage:-},${resident:-},${gib:-},${gbps:-},\
+${miss:-},${stall:-},${pbytes:-},${pstall:-},$cached,$cached_pct,$rc" >>"$RUNS"
+    printf '%4s%% %-36s rep %s: decode %6s tok/s, prompt %6s tok/s, read %6.2f GB, peak %6.2f GB, cached %s%% at start%s%s\n' \
         "$budget" "$variant" "$rep" "${tg:-FAIL}" "$([ "$PROMPT" = 0 ] && echo - || echo "${pp:-FAIL}")" "$(awk -v b="${read_bytes:-0}" 'BEGIN { print b / 1e9 }')" \
-        "$(awk -v b="${max_usage:-0}" 'BEGIN { print b / 1e9 }')" "${resident:+, resident $resident%}" \
+        "$(awk -v b="${max_usage:-0}" 'BEGIN { print b / 1e9 }')" "$cached_pct" "${resident:+, resident $resident%}" \
         "$([ $rc -ne 0 ] && echo ", rc=$rc (see $err)")"
 }
 
 echo "side_by_side: $(basename "$MODEL"): $((SIZE / 1000000)) MB, experts $((EXPERT_BYTES / 1000000)) MB, \
 non-expert $((NON_EXPERT / 1000000)) MB; fio $FIO_BEFORE GB/s; routing: ${REPLAY:-llama-bench synthetic (random weights)}"
 fits_in_ram=$(awk -v s="$SIZE" '/MemAvailable/ { print (s + 1073741824 < $2 * 1024) ? 1 : 0 }' /proc/meminfo)
+want_ram=0
+[[ " ${VARIANT_LIST[*]} " == *" ram "* ]] && want_ram=1
+if [ "$want_ram" = 1 ] && [ "$fits_in_ram" = 0 ]; then
+    echo "side_by_side: ram skipped: the model + 1 GiB exceeds MemAvailable, so it cannot be held warm"
+fi
 for rep in $(seq 1 "$REPS"); do
-    if [[ " $VARIANTS " == *" ram "* ]] && [ "$fits_in_ram" = 1 ]; then
-        run 100 ram "$rep"
+    if [ "$want_ram" = 1 ] && [ "$fits_in_ram" = 1 ]; then
+        run 100 ram "$rep" # warm; every run after it drops the cache again and checks that it did
     fi
     for budget in $BUDGETS; do
-        for variant in $VARIANTS; do
+        for variant in "${VARIANT_LIST[@]}"; do
             [ "$variant" = ram ] && continue
             run "$budget" "$variant" "$rep"
         done
