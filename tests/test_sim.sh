@@ -5,8 +5,11 @@
 # expert leaves only the compulsory misses (counted here from the JSONL, not
 # by the tool), the CSV has one row per (policy, budget), the PNG is drawn
 # when gnuplot exists and skipped cleanly when it does not, and a trace of
-# another shape or a bad budget is refused with a message.
-# Env: SIM, TRACE_CONVERT, SHARED_DIR, WORKDIR.
+# another shape or a bad budget is refused with a message. --predictor: the
+# pilot predictor's recall is a fraction that grows with the mass, and (on
+# guanaco-tracegen traces) is higher where each layer's routing follows the
+# previous layer's than where it does not.
+# Env: SIM, TRACE_CONVERT, SHARED_DIR, WORKDIR; TRACEGEN for the synthetic predictor checks.
 set -u
 : "${SIM:?}" "${TRACE_CONVERT:?}" "${WORKDIR:?}"
 traces="${SHARED_DIR:-}/traces/mixtral-8x7b"
@@ -129,5 +132,49 @@ if [ -n "${MKMODEL:-}" ]; then
     check "Mixtral trace on the 4-layer model is refused" $? "status $status: $mismatch"
 else
     echo "MKMODEL not set: the --model checks are skipped"
+fi
+
+# --predictor: nothing of it shows without the flag.
+echo "$out" | grep -q "^predictor"
+[ $? -ne 0 ]
+check "no predictor report without --predictor" $? "$(echo "$out" | grep '^predictor')"
+# Prints "recall set_size precision" for the pilot line of mass $1 in the report on stdin.
+pilot_line() { awk -v m="$1" '$1 == "pilot" && $2 + 0 == m + 0 { print $4, $5, $6 }'; }
+pred=$("$SIM" --trace "$W/humaneval.trace" --shape mixtral-8x7b --budgets 100% --policies lru \
+    --predictor pilot --pilot-mass 0.5,0.9 --verbose 2>&1)
+check "guanaco-sim --predictor pilot runs" $? "$pred"
+echo "$pred" | sed -n '/^predictor:/,$p'
+low=$(echo "$pred" | pilot_line 0.5) high=$(echo "$pred" | pilot_line 0.9)
+echo "$low $high" | awk 'NF == 6 && $1 >= 0 && $1 <= 1 && $4 >= 0 && $4 <= 1 && $2 <= 8 && $5 <= 8 &&
+    $3 >= 0 && $3 <= 1 && $6 >= 0 && $6 <= 1 && $4 > $1 && $5 > $2 { ok = 1 } END { exit !ok }'
+check "pilot on Mixtral: recall and precision in [0,1], at most 8 experts; recall and set size grow with the mass" $? \
+    "mass 0.5: $low; mass 0.9: $high"
+layers=$(echo "$pred" | grep -cE '^  layer +[0-9]+ -> +[0-9]+ +recall')
+[ "$layers" -eq 62 ]
+check "--verbose: a recall per MoE layer with a next one, 31 per mass" $? "$layers lines"
+none=$("$SIM" --trace "$W/humaneval.trace" --shape mixtral-8x7b --budgets 100% --policies lru --predictor none 2>&1)
+echo "$none" | awk '$1 == "none" && $4 == 0 && $5 == 0 { ok = 1 } END { exit !ok }'
+check "--predictor none guesses nothing" $? "$none"
+for bad in "--predictor oracle" "--predictor pilot --pilot-mass 1.5" "--predictor pilot --pilot-mass 0.5,,0.9" \
+    "--pilot-mass 0.5" "--predictor none --pilot-mass 0.5" "--verbose"; do
+    refused=$("$SIM" --trace "$W/humaneval.trace" --shape mixtral-8x7b --budgets 100% $bad 2>&1)
+    [ $? -eq 2 ]
+    check "refused: $bad" $? "$refused"
+done
+if [ -n "${TRACEGEN:-}" ]; then
+    for cross in 0.9 0; do
+        "$TRACEGEN" --shape mixtral-8x7b --tokens 300 --cross-layer "$cross" -o "$W/cross$cross.trace" >/dev/null 2>&1
+        check "tracegen --cross-layer $cross" $? ""
+    done
+    follows=$("$SIM" --trace "$W/cross0.9.trace" --shape mixtral-8x7b --budgets 100% --policies lru \
+        --predictor pilot --pilot-mass 0.6 2>&1 | pilot_line 0.6)
+    independent=$("$SIM" --trace "$W/cross0.trace" --shape mixtral-8x7b --budgets 100% --policies lru \
+        --predictor pilot --pilot-mass 0.6 2>&1 | pilot_line 0.6)
+    echo "$follows $independent" | awk 'NF == 6 && $1 >= 0 && $1 <= 1 && $4 >= 0 && $4 <= 1 && $1 > $4 && $3 > $6 {
+        ok = 1 } END { exit !ok }'
+    check "pilot: higher recall and precision at cross-layer 0.9 than at 0" $? \
+        "cross 0.9: $follows; cross 0: $independent (recall set precision)"
+else
+    echo "TRACEGEN not set: the synthetic predictor checks are skipped"
 fi
 finish

@@ -45,12 +45,15 @@ add_test(NAME io COMMAND test_io)
 # Pure replacement policies against Belady's optimum; the timing run is a benchmark, kept short here.
 add_test(NAME policy COMMAND test_policy)
 set_tests_properties(policy PROPERTIES ENVIRONMENT "GUANACO_PERF_TOKENS=2000")
+# The pilot expert predictor: learnt maps predicted exactly, decay follows a changed map, bad arguments refused.
+add_test(NAME predictor COMMAND test_predictor)
 # --guanaco-trace-out records what was counted; --guanaco-trace-replay makes another model route the same way.
 guanaco_script_test(trace_replay test_trace_replay.sh)
 # The policy simulator on the real Mixtral traces: no policy above Belady, compulsory misses at 100%, CSV and PNG.
 guanaco_script_test(sim_mixtral test_sim.sh)
 set_property(TEST sim_mixtral APPEND PROPERTY ENVIRONMENT
     "SIM=$<TARGET_FILE:guanaco-sim>" "TRACE_CONVERT=$<TARGET_FILE:guanaco-trace-convert>"
+    "TRACEGEN=$<TARGET_FILE:guanaco-tracegen>"
     "SHARED_DIR=${CMAKE_SOURCE_DIR}/../shared")
 # The residency module alone: budgeted expert pages over a synthetic mapped file, mincore audit, faults.
 add_test(NAME residency COMMAND test_residency)

@@ -12,10 +12,16 @@
  * loaded traces come from tools/replay_input.h, shared with guanaco-plan.
  * The replays themselves are the library's, so the numbers here are the
  * ones the live engine's policy would produce.
+ *
+ * --predictor also replays the traces through an expert predictor
+ * (src/predictor.h) token by token, as the engine calls it, and reports how
+ * much of each next MoE layer's routing the guesses covered and at what
+ * size: the figures that decide whether prefetching pays for its reads.
  */
 #include "belady.h"
 #include "manifest.h"
 #include "policy.h"
+#include "predictor.h"
 #include "simulate.h"
 #include "trace.h"
 #include "cli.h"
@@ -45,6 +51,7 @@ static void print_usage(FILE *out) {
             "usage: " PROG " --trace FILE [--trace FILE ...] (--shape NAME [--quant TYPE] | --model MODEL.gguf ...)\n"
             "                   [--budgets LIST] [--policies LIST] [--per-layer-cap N] [--csv OUT.csv]\n"
             "                   [--plot OUT.png] [--disk-gbps X --compute-ms Y] [--threads N]\n"
+            "                   [--predictor none|pilot [--pilot-mass LIST] [--pilot-half-life T] [--verbose]]\n"
             "\n"
             "  --trace FILE        a routing trace (docs/TRACE.md); several are replayed back to back\n"
             "  --shape NAME        expert sizes of a named model: mixtral-8x7b (32 layers, 8 experts, top-2)\n"
@@ -63,8 +70,14 @@ static void print_usage(FILE *out) {
             "  --plot OUT.png      also draw miss ratio against budget with gnuplot\n"
             "  --disk-gbps X       with --compute-ms: disk read speed in GB/s, for predicted tokens/s\n"
             "  --compute-ms Y      with --disk-gbps: compute time per token in ms\n"
-            "  --threads N         replays run at once (default: the online CPUs)\n",
-            DEFAULT_BUDGETS);
+            "  --threads N         replays run at once (default: the online CPUs)\n"
+            "  --predictor KIND    also replay the traces through an expert predictor (%s) as the engine\n"
+            "                      calls it, and report its recall, set size and precision\n"
+            "  --pilot-mass LIST   comma-separated masses in (0, 1], one replay each (default %g)\n"
+            "  --pilot-half-life T observed ubatches (here tokens) over which pilot's counts halve (default %g)\n"
+            "  --verbose           with --predictor: the recall of each MoE layer's guesses too\n",
+            DEFAULT_BUDGETS, guanaco_predictor_kind_names(), GUANACO_PILOT_DEFAULT_MASS,
+            GUANACO_PILOT_DEFAULT_HALF_LIFE);
 }
 
 struct sim_named_shape {
@@ -478,6 +491,159 @@ static int draw_plot(const char *png, const char *title, const struct sim_budget
     return 0;
 }
 
+/* ---- expert prediction ---- */
+
+#define MAX_PILOT_MASSES 32
+
+/* What one predictor replay got right; per_layer_* are indexed by the layer the guess was made from. */
+struct sim_prediction {
+    uint64_t guesses;   /* predict calls whose next MoE layer the trace then routes for the same token */
+    uint64_t guessed;   /* experts guessed, over those calls */
+    uint64_t routed;    /* experts the next layer then routed to */
+    uint64_t hits;      /* guessed and routed */
+    uint64_t *per_layer_routed, *per_layer_hits, *per_layer_guessed, *per_layer_guesses;
+};
+
+static void prediction_free(struct sim_prediction *prediction) {
+    free(prediction->per_layer_routed);
+    free(prediction->per_layer_hits);
+    free(prediction->per_layer_guessed);
+    free(prediction->per_layer_guesses);
+}
+
+/*
+ * Replays the requests through a fresh predictor, one token at a time as
+ * decode runs: at each MoE layer, first learn the transition from the
+ * token's previous MoE layer, then guess the next MoE layer from this one,
+ * and score the guess against what that layer routes next. Learning before
+ * guessing is the engine's order, so no guess ever sees the routing it is
+ * scored on. 0, or a negative errno after a message.
+ */
+static int replay_prediction(const struct replay_geometry *geometry, const struct replay_requests *requests,
+                             enum guanaco_predictor_kind kind, double mass, double half_life,
+                             struct sim_prediction *result) {
+    uint32_t n_layer = geometry->n_layer, n_expert = geometry->n_expert, k = geometry->top_k;
+    memset(result, 0, sizeof(*result));
+    uint8_t *moe_layer = malloc(n_layer);
+    int32_t *rows = malloc(2 * (size_t)k * sizeof(*rows));
+    uint32_t *guess = malloc(n_expert * sizeof(*guess));
+    uint8_t *guessed = calloc(n_expert, 1);
+    result->per_layer_routed = calloc(n_layer, sizeof(uint64_t));
+    result->per_layer_hits = calloc(n_layer, sizeof(uint64_t));
+    result->per_layer_guessed = calloc(n_layer, sizeof(uint64_t));
+    result->per_layer_guesses = calloc(n_layer, sizeof(uint64_t));
+    struct guanaco_predictor *predictor = NULL;
+    int err = -ENOMEM;
+    if (!moe_layer || !rows || !guess || !guessed || !result->per_layer_routed || !result->per_layer_hits ||
+        !result->per_layer_guessed || !result->per_layer_guesses) {
+        fprintf(stderr, PROG ": out of memory for the predictor replay\n");
+        goto done;
+    }
+    for (uint32_t l = 0; l < n_layer; l++) {
+        moe_layer[l] = geometry->expert_bytes[l] > 0;
+    }
+    struct guanaco_predictor_config config = {.kind = kind, .n_layer = n_layer, .n_expert = n_expert, .top_k = k,
+                                              .moe_layer = moe_layer, .mass = mass, .half_life = half_life};
+    err = guanaco_predictor_create(&config, &predictor);
+    if (err != 0) {
+        fprintf(stderr, PROG ": cannot create the %s predictor for %s: %s\n", guanaco_predictor_kind_name(kind),
+                geometry->description, strerror(-err));
+        goto done;
+    }
+    int32_t *previous = rows, *current = rows + k;
+    for (size_t r = 0; r < requests->n_requests; r++) {
+        /* a request holds the layer's distinct experts; the rest of the row of k is padding, ignored */
+        size_t n_ids = requests->start[r + 1] - requests->start[r];
+        for (uint32_t i = 0; i < k; i++) {
+            current[i] = i < n_ids ? (int32_t)requests->experts[requests->start[r] + i] : -1;
+        }
+        uint32_t layer = requests->layer[r];
+        if (r > 0 && requests->token[r - 1] == requests->token[r]) {
+            err = guanaco_predictor_observe(predictor, requests->layer[r - 1], previous, layer, current, k, 1);
+            if (err != 0) {
+                fprintf(stderr, PROG ": the predictor refused layers %u -> %u: %s\n", requests->layer[r - 1], layer,
+                        strerror(-err));
+                goto done;
+            }
+        }
+        size_t n_guess = guanaco_predictor_predict(predictor, layer, current, k, 1, guess, n_expert);
+        uint32_t next = guanaco_predictor_next_layer(predictor, layer);
+        if (r + 1 < requests->n_requests && requests->token[r + 1] == requests->token[r] &&
+            requests->layer[r + 1] == next) {
+            for (size_t i = 0; i < n_guess; i++) guessed[guess[i]] = 1;
+            uint64_t hits = 0, routed = requests->start[r + 2] - requests->start[r + 1];
+            for (size_t i = requests->start[r + 1]; i < requests->start[r + 2]; i++) {
+                hits += guessed[requests->experts[i]];
+            }
+            for (size_t i = 0; i < n_guess; i++) guessed[guess[i]] = 0;
+            result->guesses++;
+            result->guessed += n_guess;
+            result->routed += routed;
+            result->hits += hits;
+            result->per_layer_guesses[layer]++;
+            result->per_layer_guessed[layer] += n_guess;
+            result->per_layer_routed[layer] += routed;
+            result->per_layer_hits[layer] += hits;
+        }
+        int32_t *swap = previous;
+        previous = current;
+        current = swap;
+    }
+    err = 0;
+done:
+    guanaco_predictor_free(predictor);
+    free(moe_layer);
+    free(rows);
+    free(guess);
+    free(guessed);
+    if (err != 0) {
+        prediction_free(result);
+    }
+    return err;
+}
+
+static double ratio(uint64_t part, uint64_t whole) {
+    return whole ? (double)part / (double)whole : 0.0;
+}
+
+/* Replays every mass (one for none) and prints a line each; 0, or a negative errno after a message. */
+static int report_prediction(const struct replay_geometry *geometry, const struct replay_requests *requests,
+                             enum guanaco_predictor_kind kind, const double *masses, size_t n_masses,
+                             double half_life, bool verbose) {
+    printf("\npredictor: each MoE layer's routing guesses the next MoE layer's, token by token in the engine's "
+           "order (learn the previous transition, then guess)\n");
+    printf("%-10s %6s %10s %8s %9s %10s %10s\n", "predictor", "mass", "half-life", "recall", "set size",
+           "precision", "guesses");
+    double effective_half_life = half_life > 0 ? half_life : GUANACO_PILOT_DEFAULT_HALF_LIFE;
+    for (size_t m = 0; m < n_masses; m++) {
+        struct sim_prediction result;
+        int err = replay_prediction(geometry, requests, kind, masses[m], half_life, &result);
+        if (err != 0) {
+            return err;
+        }
+        if (kind == GUANACO_PREDICTOR_PILOT) {
+            printf("%-10s %6.3f %10g", guanaco_predictor_kind_name(kind), masses[m], effective_half_life);
+        } else {
+            printf("%-10s %6s %10s", guanaco_predictor_kind_name(kind), "-", "-");
+        }
+        printf(" %8.4f %9.2f %10.4f %10llu\n", ratio(result.hits, result.routed),
+               ratio(result.guessed, result.guesses), ratio(result.hits, result.guessed),
+               (unsigned long long)result.guesses);
+        for (uint32_t l = 0; verbose && l < geometry->n_layer; l++) {
+            if (result.per_layer_guesses[l] == 0) continue;
+            uint32_t next = l + 1;
+            while (next < geometry->n_layer && geometry->expert_bytes[next] == 0) next++;
+            printf("  layer %3u -> %3u   recall %.4f  set size %6.2f  precision %.4f\n", l, next, ratio(result.per_layer_hits[l], result.per_layer_routed[l]),
+                   ratio(result.per_layer_guessed[l], result.per_layer_guesses[l]),
+                   ratio(result.per_layer_hits[l], result.per_layer_guessed[l]));
+        }
+        prediction_free(&result);
+    }
+    printf("recall = guessed and routed / routed; set size = experts guessed per token and layer; precision = "
+           "guessed and routed / guessed\n");
+    return 0;
+}
+
 /* ---- command line ---- */
 
 struct sim_options {
@@ -492,6 +658,9 @@ struct sim_options {
     double disk_gbps, compute_ms;
     bool have_disk_gbps, have_compute_ms;
     unsigned long threads;
+    const char *predictor, *pilot_masses;
+    double pilot_half_life;
+    bool verbose;
 };
 
 static int parse_positive(const char *flag, const char *text, double *out) {
@@ -521,7 +690,7 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
     static const char *const with_value[] = {"--trace",   "--shape",   "--quant",         "--model",
                                              "--budgets", "--policies", "--per-layer-cap", "--csv",
                                              "--plot",    "--disk-gbps", "--compute-ms",   "--threads",
-                                             "--half-life"};
+                                             "--half-life", "--predictor", "--pilot-mass", "--pilot-half-life"};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
@@ -530,6 +699,10 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         }
         if (strcmp(arg, "--preload") == 0) {
             options->preload = true;
+            continue;
+        }
+        if (strcmp(arg, "--verbose") == 0) {
+            options->verbose = true;
             continue;
         }
         const char *value = NULL;
@@ -560,6 +733,12 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
             options->per_layer_cap = (uint32_t)whole;
         } else if (strcmp(arg, "--half-life") == 0) {
             if (parse_positive(arg, value, &options->half_life) != 0) return 2;
+        } else if (strcmp(arg, "--predictor") == 0) {
+            options->predictor = value;
+        } else if (strcmp(arg, "--pilot-mass") == 0) {
+            options->pilot_masses = value;
+        } else if (strcmp(arg, "--pilot-half-life") == 0) {
+            if (parse_positive(arg, value, &options->pilot_half_life) != 0) return 2;
         } else if (strcmp(arg, "--threads") == 0) {
             if (parse_whole(arg, value, 64, &whole) != 0) return 2;
             options->threads = whole;
@@ -590,6 +769,23 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
     }
     if (options->quant && !options->shape) {
         fprintf(stderr, PROG ": --quant applies to --shape only; --model reads the sizes from the GGUF\n");
+        return 2;
+    }
+    if (options->predictor) {
+        enum guanaco_predictor_kind kind;
+        if (guanaco_predictor_kind_from_name(options->predictor, &kind) != 0) {
+            fprintf(stderr, PROG ": unknown --predictor \"%s\": expected %s\n", options->predictor,
+                    guanaco_predictor_kind_names());
+            return 2;
+        }
+    }
+    if ((options->pilot_masses || options->pilot_half_life > 0) &&
+        !(options->predictor && strcmp(options->predictor, "pilot") == 0)) {
+        fprintf(stderr, PROG ": --pilot-mass and --pilot-half-life apply to --predictor pilot only\n");
+        return 2;
+    }
+    if (options->verbose && !options->predictor) {
+        fprintf(stderr, PROG ": --verbose applies to --predictor only\n");
         return 2;
     }
     if (options->have_disk_gbps != options->have_compute_ms) {
@@ -690,6 +886,27 @@ int main(int argc, char **argv) {
             bool listed = false;
             for (size_t i = 0; i < n_kinds; i++) listed = listed || kinds[i] == (enum guanaco_policy_kind)k;
             if (!listed) kinds[n_kinds++] = (enum guanaco_policy_kind)k;
+        }
+    }
+
+    enum guanaco_predictor_kind predictor_kind = GUANACO_PREDICTOR_NONE;
+    double pilot_masses[MAX_PILOT_MASSES] = {GUANACO_PILOT_DEFAULT_MASS};
+    size_t n_pilot_masses = 1;
+    if (options.predictor) {
+        guanaco_predictor_kind_from_name(options.predictor, &predictor_kind); /* checked with the options */
+    }
+    if (options.pilot_masses) {
+        char *mass_text = strdup(options.pilot_masses);
+        char *mass_items[MAX_PILOT_MASSES];
+        err = mass_text ? split_list(mass_text, "--pilot-mass", mass_items, MAX_PILOT_MASSES, &n_pilot_masses)
+                        : -ENOMEM;
+        for (size_t m = 0; err == 0 && m < n_pilot_masses; m++) {
+            err = guanaco_cli_parse_real(PROG, "--pilot-mass", mass_items[m], 0, 1, true, &pilot_masses[m]);
+        }
+        free(mass_text);
+        if (err != 0) {
+            status = 2;
+            goto done;
         }
     }
 
@@ -804,6 +1021,12 @@ int main(int argc, char **argv) {
                options.per_layer_cap);
     }
     printf("loaded in %.2f s; %zu replays in %.2f s\n", load_seconds, n_jobs, replay_seconds);
+    if (options.predictor &&
+        report_prediction(&geometry, &requests, predictor_kind, pilot_masses,
+                          predictor_kind == GUANACO_PREDICTOR_PILOT ? n_pilot_masses : 1, options.pilot_half_life,
+                          options.verbose) != 0) {
+        goto done;
+    }
     if (csv) {
         int failed = ferror(csv);
         failed |= fclose(csv);

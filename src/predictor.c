@@ -1,0 +1,152 @@
+/*
+ * predictor.c - owns the public face of the expert predictors (predictor.h):
+ * the kind names, the config and argument checks, the order of the MoE
+ * layers, and the dispatch to an implementation's ops table
+ * (predictor_impl.h). Checking here once means every implementation can
+ * trust its arguments, and NONE needs no implementation at all.
+ */
+#include "predictor.h"
+#include "predictor_impl.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct guanaco_predictor {
+    enum guanaco_predictor_kind kind;
+    uint32_t n_layer, n_expert, top_k;
+    uint8_t *moe_layer;   /* n_layer flags, always present: a NULL in the config is expanded here */
+    uint32_t *next_layer; /* n_layer: the next MoE layer after each layer, or UINT32_MAX */
+    const struct guanaco_predictor_ops *ops; /* NULL for NONE */
+    void *impl;
+};
+
+static const char *const kind_names[] = {
+    [GUANACO_PREDICTOR_NONE] = "none",
+    [GUANACO_PREDICTOR_PILOT] = "pilot",
+};
+#define KIND_COUNT (sizeof(kind_names) / sizeof(kind_names[0]))
+
+int guanaco_predictor_kind_from_name(const char *name, enum guanaco_predictor_kind *kind) {
+    if (!name || !kind) {
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < KIND_COUNT; i++) {
+        if (strcmp(kind_names[i], name) == 0) {
+            *kind = (enum guanaco_predictor_kind)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+const char *guanaco_predictor_kind_name(enum guanaco_predictor_kind kind) {
+    return (unsigned)kind < KIND_COUNT ? kind_names[kind] : "unknown";
+}
+
+const char *guanaco_predictor_kind_names(void) {
+    return "none|pilot";
+}
+
+static int check_config(const struct guanaco_predictor_config *config) {
+    if ((unsigned)config->kind >= KIND_COUNT || config->n_layer == 0 || config->n_expert == 0 ||
+        config->top_k == 0 || config->top_k > config->n_expert) {
+        return -EINVAL;
+    }
+    /* written so that NAN fails too */
+    if (!(config->mass == 0 || (config->mass > 0 && config->mass <= 1))) {
+        return -EINVAL;
+    }
+    if (!(config->half_life >= 0 && isfinite(config->half_life))) {
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int guanaco_predictor_create(const struct guanaco_predictor_config *config, struct guanaco_predictor **out) {
+    if (!config || !out) {
+        return -EINVAL;
+    }
+    *out = NULL;
+    int err = check_config(config);
+    if (err != 0) {
+        return err;
+    }
+    struct guanaco_predictor *p = calloc(1, sizeof(*p));
+    if (!p) {
+        return -ENOMEM;
+    }
+    p->kind = config->kind;
+    p->n_layer = config->n_layer;
+    p->n_expert = config->n_expert;
+    p->top_k = config->top_k;
+    p->moe_layer = malloc(config->n_layer * sizeof(*p->moe_layer));
+    p->next_layer = malloc(config->n_layer * sizeof(*p->next_layer));
+    if (!p->moe_layer || !p->next_layer) {
+        guanaco_predictor_free(p);
+        return -ENOMEM;
+    }
+    for (uint32_t l = 0; l < config->n_layer; l++) {
+        p->moe_layer[l] = config->moe_layer ? config->moe_layer[l] != 0 : 1;
+    }
+    uint32_t next = UINT32_MAX;
+    for (uint32_t l = config->n_layer; l-- > 0;) {
+        p->next_layer[l] = next;
+        if (p->moe_layer[l]) {
+            next = l;
+        }
+    }
+    if (config->kind == GUANACO_PREDICTOR_PILOT) {
+        err = guanaco_predictor_pilot_create(config, p->moe_layer, p->next_layer, &p->ops, &p->impl);
+        if (err != 0) {
+            guanaco_predictor_free(p);
+            return err;
+        }
+    }
+    *out = p;
+    return 0;
+}
+
+void guanaco_predictor_free(struct guanaco_predictor *p) {
+    if (!p) {
+        return;
+    }
+    if (p->ops) {
+        p->ops->free(p->impl);
+    }
+    free(p->moe_layer);
+    free(p->next_layer);
+    free(p);
+}
+
+static int routes(const struct guanaco_predictor *p, uint32_t layer) {
+    return layer < p->n_layer && p->moe_layer[layer];
+}
+
+int guanaco_predictor_observe(struct guanaco_predictor *p, uint32_t from_layer, const int32_t *from_ids,
+                              uint32_t to_layer, const int32_t *to_ids, uint32_t k, uint32_t n_tokens) {
+    if (!p || !from_ids || !to_ids || k == 0 || n_tokens == 0 || !routes(p, from_layer) || !routes(p, to_layer)) {
+        return -EINVAL;
+    }
+    /* Only adjacent MoE layers are learnt: that is the one transition predict is ever asked about, and a
+       caller that skipped a layer (a ubatch cut short, a first layer) must not teach a wrong one. */
+    if (to_layer != p->next_layer[from_layer] || !p->ops) {
+        return 0;
+    }
+    return p->ops->observe(p->impl, from_layer, from_ids, to_ids, k, n_tokens);
+}
+
+size_t guanaco_predictor_predict(struct guanaco_predictor *p, uint32_t layer, const int32_t *ids, uint32_t k,
+                                 uint32_t n_tokens, uint32_t *out, size_t capacity) {
+    /* a size cannot carry an error: a call that cannot be answered is answered with nothing to fetch */
+    if (!p || !p->ops || !ids || !out || capacity == 0 || k == 0 || n_tokens == 0 || !routes(p, layer) ||
+        p->next_layer[layer] == UINT32_MAX) {
+        return 0;
+    }
+    return p->ops->predict(p->impl, layer, ids, k, n_tokens, out, capacity);
+}
+
+uint32_t guanaco_predictor_next_layer(const struct guanaco_predictor *p, uint32_t layer) {
+    return p && layer < p->n_layer ? p->next_layer[layer] : UINT32_MAX;
+}
