@@ -64,6 +64,8 @@ struct guanaco_options {
     uint32_t status_every; /* --guanaco-status-every: tokens between status lines */
     bool audit;            /* --guanaco-audit: mincore check on each status line */
     bool preload;          /* --guanaco-preload: fill the budget at load */
+    int prefetch;          /* --guanaco-prefetch: an enum guanaco_predictor_kind; none = no read-ahead */
+    double pilot_mass;     /* --guanaco-pilot-mass; 0 = the predictor's default */
 };
 
 /*

@@ -50,16 +50,27 @@ static double percent(uint64_t part, uint64_t whole) { return whole ? 100.0 * (d
 static void log_residency(const char *what, const struct guanaco_residency_stats *now,
                           const struct guanaco_residency_stats *before, uint64_t tokens, const char *tail) {
     uint64_t accesses = now->accesses - before->accesses, hits = now->hits - before->hits;
-    uint64_t loads = now->expert_loads - before->expert_loads, bytes = now->bytes_read - before->bytes_read;
+    uint64_t issued = now->prefetch_issued_bytes - before->prefetch_issued_bytes;
+    uint64_t used = now->prefetch_used_bytes - before->prefetch_used_bytes;
+    uint64_t wasted = now->prefetch_wasted_bytes - before->prefetch_wasted_bytes;
+    uint64_t hidden = now->prefetch_hidden_bytes - before->prefetch_hidden_bytes;
+    uint64_t checked = now->prediction_checked - before->prediction_checked;
+    uint64_t named = now->predicted_needed - before->predicted_needed;
+    /* bytes read: on demand, plus read-ahead that was used or wasted (a cancelled read never happened) */
+    uint64_t demand = now->bytes_read - before->bytes_read;
+    uint64_t loads = now->expert_loads - before->expert_loads, bytes = demand + used + wasted;
     uint64_t read_ns = now->read_ns - before->read_ns, stall_ns = now->stall_ns - before->stall_ns;
     uint64_t evictions = now->evictions - before->evictions, churn = now->churn_loads - before->churn_loads;
     guanaco_log_info("%s: %llu tokens, resident %.1f%% of %llu accesses, hot-pinned %.1f%%, %llu loads, "
                      "%.2f GiB read at %.2f GB/s, stall %.1f ms/token, %llu evictions, churn %.1f%% "
-                     "(reloaded within %u tokens)%s",
+                     "(reloaded within %u tokens), read-ahead %.1f MiB issued, %.1f used, %.1f wasted, recall %.1f%%, "
+                     "hidden %.1f%% of reads%s",
                      what, (unsigned long long)tokens, percent(hits, accesses), (unsigned long long)accesses,
                      percent(now->pinned_hits - before->pinned_hits, accesses), (unsigned long long)loads, gib(bytes),
                      read_ns ? (double)bytes / (double)read_ns : 0.0, tokens ? (double)stall_ns / 1e6 / (double)tokens : 0.0,
-                     (unsigned long long)evictions, percent(churn, evictions), GUANACO_RESIDENCY_CHURN_TOKENS, tail);
+                     (unsigned long long)evictions, percent(churn, evictions), GUANACO_RESIDENCY_CHURN_TOKENS,
+                     (double)issued / 1048576.0, (double)used / 1048576.0, (double)wasted / 1048576.0,
+                     percent(named, checked), percent(hidden, demand + used), tail);
 }
 
 /* Every status_every tokens through the last MoE layer: the interval's line plus a RAM check by mincore. */
@@ -74,8 +85,9 @@ static void maybe_log_status(struct guanaco_engine *engine, uint64_t done_before
     uint64_t mapped = 0;
     char tail[200] = "";
     if (engine->options.audit && guanaco_residency_audit(engine->residency, &mapped) == 0) {
-        snprintf(tail, sizeof(tail), "; RAM: accounted %.1f MiB, mincore %.1f MiB", (double)st.resident_bytes / 1048576.0,
-                 (double)mapped / 1048576.0);
+        /* read-ahead in the page cache counts: it is inside the budget too */
+        snprintf(tail, sizeof(tail), "; RAM: accounted %.1f MiB, mincore %.1f MiB",
+                 (double)(st.resident_bytes + st.prefetch_outstanding_bytes) / 1048576.0, (double)mapped / 1048576.0);
     }
     char what[64];
     snprintf(what, sizeof(what), "status at token %llu", (unsigned long long)done_after);
@@ -302,6 +314,73 @@ static uint64_t automatic_budget(const struct guanaco_manifest *m) {
 
 static int preload(struct guanaco_engine *engine, uint64_t budget);
 
+static int start_predictor(struct guanaco_engine *engine) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    uint8_t *moe_layer = calloc((size_t)m->n_layer, 1);
+    engine->predicted = calloc((size_t)m->n_expert, sizeof(*engine->predicted));
+    engine->predictor_seen = calloc((size_t)m->n_expert, 1);
+    if (!moe_layer || !engine->predicted || !engine->predictor_seen) {
+        free(moe_layer);
+        return -ENOMEM;
+    }
+    for (int layer = 0; layer < m->n_layer; layer++) {
+        moe_layer[layer] = engine->moe_layer_of[layer] != 0;
+    }
+    struct guanaco_predictor_config config = {
+        .kind = (enum guanaco_predictor_kind)engine->options.prefetch,
+        .n_layer = (uint32_t)m->n_layer,
+        .n_expert = (uint32_t)m->n_expert,
+        .top_k = (uint32_t)m->n_expert_used,
+        .moe_layer = moe_layer,
+        .mass = engine->options.pilot_mass,
+    };
+    int err = guanaco_predictor_create(&config, &engine->predictor);
+    free(moe_layer);
+    if (err < 0) {
+        guanaco_log_error("cannot create the %s predictor: %s", guanaco_predictor_kind_name(config.kind), strerror(-err));
+        return err;
+    }
+    pthread_mutex_init(&engine->predictor_lock, NULL);
+    return 0;
+}
+
+void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
+                               const int32_t *ids, int k, int n_tokens, uint64_t token) {
+    if (!engine->predictor || k <= 0 || n_tokens <= 0) {
+        return;
+    }
+    const uint32_t n_expert = (uint32_t)engine->manifest.n_expert;
+    pthread_mutex_lock(&engine->predictor_lock);
+    if (prev_layer >= 0) {
+        (void)guanaco_predictor_observe(engine->predictor, (uint32_t)prev_layer, prev_ids, (uint32_t)layer, ids,
+                                        (uint32_t)k, (uint32_t)n_tokens);
+    }
+    uint32_t next = guanaco_predictor_next_layer(engine->predictor, (uint32_t)layer);
+    if (next != UINT32_MAX) {
+        memset(engine->predictor_seen, 0, n_expert);
+        uint32_t distinct = 0;
+        for (int i = 0; i < k * n_tokens; i++) {
+            if (ids[i] >= 0 && (uint32_t)ids[i] < n_expert && !engine->predictor_seen[ids[i]]) {
+                engine->predictor_seen[ids[i]] = 1;
+                distinct++;
+            }
+        }
+        size_t n = 0;
+        if (2 * distinct >= n_expert) {
+            /* a prompt: the next layer will need most of its experts too, read in file order */
+            for (uint32_t e = 0; e < n_expert; e++) {
+                engine->predicted[n++] = e;
+            }
+        } else {
+            n = guanaco_predictor_predict(engine->predictor, (uint32_t)layer, ids, (uint32_t)k, (uint32_t)n_tokens,
+                                          engine->predicted, n_expert);
+        }
+        /* under the lock: the guess lives in the engine's scratch */
+        (void)guanaco_residency_prefetch(engine->residency, next, engine->predicted, n, (uint32_t)layer, token);
+    }
+    pthread_mutex_unlock(&engine->predictor_lock);
+}
+
 static int start_residency(struct guanaco_engine *engine, char *const *mapping_base) {
     const struct guanaco_manifest *m = &engine->manifest;
     const struct guanaco_options *o = &engine->options;
@@ -373,8 +452,11 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .max_experts_per_layer = o->max_experts,
         .policy = (enum guanaco_policy_kind)o->policy,
         .io_backend = (enum guanaco_io_backend)o->io,
-        .queue_depth = 16,
+        .queue_depth = GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH,
         .load = load,
+        /* read-ahead may use up to half the budget: a prompt's whole next layer, or a few experts in decode */
+        .prefetch_bytes = o->prefetch != GUANACO_PREDICTOR_NONE && load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE
+                              ? budget / 2 : 0,
     };
     int err = guanaco_residency_create(&config, &engine->residency);
     if (err == -ENOSYS && config.io_backend == GUANACO_IO_URING) {
@@ -385,19 +467,42 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     if (err < 0) {
         return err;
     }
+    if (o->preload) {
+        /* a warm start: what the page cache already holds is resident for free, and is not read again */
+        uint32_t per_layer = guanaco_preload_count(budget, m->expert_bytes, (uint32_t)m->n_expert, o->max_experts);
+        uint64_t adopted = 0;
+        if ((err = guanaco_residency_adopt_cached(engine->residency, per_layer, &adopted)) < 0) {
+            return err;
+        }
+        if (adopted) {
+            guanaco_log_info("warm start: %llu experts were already in the page cache and stay resident without a read",
+                             (unsigned long long)adopted);
+        }
+    }
     if ((err = guanaco_residency_drop_unaccounted(engine->residency)) < 0) {
         return err;
+    }
+    if (config.prefetch_bytes && (err = start_predictor(engine)) < 0) {
+        return err;
+    }
+    if (o->prefetch != GUANACO_PREDICTOR_NONE && !config.prefetch_bytes) {
+        guanaco_log_info("read-ahead needs --guanaco-load page-cache: running without it");
     }
     if (o->preload && (err = preload(engine, budget)) < 0) {
         return err;
     }
     struct guanaco_residency_stats started;
     guanaco_residency_get_stats(engine->residency, &started);
+    char prefetch[128] = "none";
+    if (engine->predictor) {
+        snprintf(prefetch, sizeof(prefetch), "%s, up to %.2f GiB ahead", guanaco_predictor_kind_name(o->prefetch),
+                 gib(config.prefetch_bytes));
+    }
     guanaco_log_info("residency: budget %.2f GiB of %.2f GiB expert weights (%.0f%%), max %u experts per layer, "
-                     "policy %s, io %s, load %s, status every %u tokens",
+                     "policy %s, io %s, load %s, prefetch %s, status every %u tokens",
                      gib(budget), gib(m->expert_bytes), 100.0 * (double)budget / (double)m->expert_bytes,
                      o->max_experts, guanaco_policy_kind_name(config.policy), guanaco_io_backend_name(config.io_backend),
-                     load_name(started.load), o->status_every);
+                     load_name(started.load), prefetch, o->status_every);
     engine->status_last_ns = now_ns();
     return 0;
 }
@@ -407,9 +512,10 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
  * (WILLNEED / MAP_POPULATE) and then decodes from RAM when it fits; without
  * the same start, Guanaco would pay for every first touch during decode.
  * Each MoE layer gets its share of the budget (in proportion to its expert
- * bytes, as layer-lru divides it), filled with its lowest-numbered experts:
- * nothing is known yet about which are hot. The reads go through the normal
- * path, one layer per batch, so they are large and contiguous.
+ * bytes, as layer-lru divides it): the experts a warm start adopted, then
+ * its lowest-numbered others, as nothing is known yet about which are hot.
+ * The reads go through the normal path, one layer per batch, so they are
+ * large and contiguous.
  */
 static int preload(struct guanaco_engine *engine, uint64_t budget) {
     const struct guanaco_manifest *m = &engine->manifest;
@@ -419,15 +525,24 @@ static int preload(struct guanaco_engine *engine, uint64_t budget) {
     if (!ids) {
         return -ENOMEM;
     }
-    for (uint32_t e = 0; e < n; e++) {
-        ids[e] = (int32_t)e;
-    }
     uint64_t start = now_ns();
     int err = 0;
     for (int layer = 0; layer < m->n_layer && err == 0 && n; layer++) {
-        if (engine->moe_layer_of[layer]) {
-            err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, n, 0);
+        if (!engine->moe_layer_of[layer]) {
+            continue;
         }
+        uint32_t count = 0;
+        for (int e = 0; e < m->n_expert && count < n; e++) {
+            if (guanaco_residency_is_resident(engine->residency, (uint32_t)layer, (uint32_t)e)) {
+                ids[count++] = e;
+            }
+        }
+        for (int e = 0; e < m->n_expert && count < n; e++) {
+            if (!guanaco_residency_is_resident(engine->residency, (uint32_t)layer, (uint32_t)e)) {
+                ids[count++] = e;
+            }
+        }
+        err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, count, 0);
     }
     double seconds = (double)(now_ns() - start) / 1e9;
     guanaco_residency_get_stats(engine->residency, &engine->after_preload);
@@ -626,6 +741,12 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
         log_residency("residency", &st, &engine->after_preload, atomic_load(&engine->tokens_done), tail);
         guanaco_residency_destroy(engine->residency);
     }
+    if (engine->predictor) {
+        guanaco_predictor_free(engine->predictor);
+        pthread_mutex_destroy(&engine->predictor_lock);
+    }
+    free(engine->predicted);
+    free(engine->predictor_seen);
     for (int s = 0; engine->shard_fds && s < engine->manifest.n_shards; s++) {
         if (engine->shard_fds[s] >= 0) {
             close(engine->shard_fds[s]);

@@ -7,6 +7,7 @@
 
 #include "guanaco.h"
 #include "manifest.h"
+#include "predictor.h"
 #include "residency.h"
 #include "trace.h"
 
@@ -42,6 +43,10 @@ struct guanaco_engine {
     struct guanaco_residency_stats status_last; /* at the previous status line */
     struct guanaco_residency_stats after_preload; /* what the preload did, left out of the closing line */
     uint64_t status_last_tokens, status_last_ns;
+    struct guanaco_predictor *predictor;       /* --guanaco-prefetch, or NULL when there is no read-ahead */
+    pthread_mutex_t predictor_lock;            /* the predictor and the two scratch arrays below */
+    uint32_t *predicted;                       /* n_expert: the guess handed to the residency engine */
+    uint8_t *predictor_seen;                   /* n_expert: distinct ids of the current layer */
 };
 
 /* Record one router decision of context `sequence` to --guanaco-trace-out, if on. */
@@ -56,6 +61,15 @@ const int32_t *guanaco_engine_replay_ids(struct guanaco_engine *engine, int laye
  * On failure it has printed why; the caller must not let the layer compute. */
 int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const int32_t *ids, size_t n_ids,
                                  uint64_t token);
+
+/*
+ * After `layer` is prepared: teach the predictor the transition from the
+ * context's previous MoE layer (prev_layer < 0: none), then start reading
+ * what it predicts for the next MoE layer. A ubatch that needs most of the
+ * layer (a prompt) reads the whole next layer ahead instead.
+ */
+void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
+                               const int32_t *ids, int k, int n_tokens, uint64_t token);
 
 /* Count one router decision: `n_tokens` rows of `k` expert ids for `layer`. */
 void guanaco_engine_count_routing(struct guanaco_engine *engine, int layer, const int32_t *ids, int k,

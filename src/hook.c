@@ -33,6 +33,10 @@ struct guanaco_hook {
     size_t ids_capacity; /* in int32 */
     void *device_copy;   /* scratch for ids that live in device memory */
     size_t device_copy_capacity;
+    int previous_layer;  /* the MoE layer this context routed last, -1 before any */
+    int previous_tokens; /* the rows of its ids */
+    int32_t *previous_ids; /* its ids: the predictor learns from layer to layer of the same tokens */
+    size_t previous_capacity; /* in bytes */
 };
 
 /* The MoE layer of a router node, or -1. Called for every node of every graph: keep it cheap. */
@@ -144,6 +148,17 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
                 fflush(stderr);
                 _exit(EXIT_FAILURE);
             }
+            const size_t n_ids = (size_t)k * (size_t)n_tokens;
+            bool same_tokens = hook->previous_layer >= 0 && hook->previous_tokens == n_tokens;
+            guanaco_engine_read_ahead(hook->engine, same_tokens ? hook->previous_layer : -1, hook->previous_ids,
+                                      layer, hook->ids, k, n_tokens, hook->rows_seen[layer]);
+            if (grow((void **)&hook->previous_ids, &hook->previous_capacity, n_ids * sizeof(int32_t)) == 0) {
+                memcpy(hook->previous_ids, hook->ids, n_ids * sizeof(int32_t));
+                hook->previous_layer = layer;
+                hook->previous_tokens = n_tokens;
+            } else {
+                hook->previous_layer = -1;
+            }
             guanaco_engine_count_routing(hook->engine, layer, hook->ids, k, n_tokens);
             guanaco_engine_record_routing(hook->engine, hook->context_id, (uint32_t)hook->rows_seen[layer], layer,
                                           hook->ids, k, n_tokens);
@@ -164,6 +179,7 @@ int guanaco_hook_install(struct guanaco_engine *engine, ggml_backend_sched_eval_
         return -ENOMEM;
     }
     hook->engine = engine;
+    hook->previous_layer = -1;
     hook->rows_seen = calloc((size_t)engine->manifest.n_layer, sizeof(*hook->rows_seen));
     if (!hook->rows_seen) {
         free(hook);
@@ -187,5 +203,6 @@ void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_d
     free(hook->ids);
     free(hook->rows_seen);
     free(hook->device_copy);
+    free(hook->previous_ids);
     free(hook);
 }

@@ -11,6 +11,7 @@
 #include "guanaco.h"
 #include "log.h"
 #include "policy.h"
+#include "predictor.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -19,7 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
-enum option_kind { OPTION_BOOL, OPTION_CHOICE, OPTION_PATH, OPTION_SIZE, OPTION_NUMBER };
+enum option_kind { OPTION_BOOL, OPTION_CHOICE, OPTION_PATH, OPTION_SIZE, OPTION_NUMBER, OPTION_FRACTION };
 
 struct option_spec {
     const char *flag;          /* without the leading "--" */
@@ -35,6 +36,10 @@ static const char *const policy_choices[] = {"lru", "lfu", "layer-lru", "guanaco
 static const char *const io_choices[] = {"uring", "threads", NULL};
 /* Index = enum guanaco_load_mode (guanaco.h). */
 static const char *const load_choices[] = {"page-cache", "direct", NULL};
+/* Index = enum guanaco_predictor_kind (src/predictor.h). */
+static const char *const prefetch_choices[] = {"none", "pilot", NULL};
+/* OPTION_FRACTION values are kept in millionths. */
+#define FRACTION_SCALE 1000000.0
 
 #define MAX_EXPERTS_LIMIT 65536
 #define RAM_MIN_BYTES (1ull << 20)
@@ -42,7 +47,8 @@ static const char *const load_choices[] = {"page-cache", "direct", NULL};
 
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
-    OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD, OPTION_COUNT
+    OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
+    OPTION_PREFETCH, OPTION_PILOT_MASS, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -75,6 +81,12 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_PRELOAD] = {"guanaco-preload", "GUANACO_PRELOAD", OPTION_BOOL, NULL,
                         "fill the budget at load with large sequential reads, as plain llama.cpp prefetches the "
                         "file (default: on)"},
+    [OPTION_PREFETCH] = {"guanaco-prefetch", "GUANACO_PREFETCH", OPTION_CHOICE, prefetch_choices,
+                         "read the next layer's experts while the current one computes, as predicted by: pilot "
+                         "(cross-layer statistics; a prompt reads the whole next layer) or none (default: pilot)"},
+    [OPTION_PILOT_MASS] = {"guanaco-pilot-mass", "GUANACO_PILOT_MASS", OPTION_FRACTION, NULL,
+                           "pilot reads the smallest set of experts whose predicted probability reaches this "
+                           "share (default: measured, see README)"},
 };
 
 struct option_state {
@@ -97,6 +109,7 @@ static int default_value(enum option_id id) {
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return 0;     /* uring */
     case OPTION_LOAD: return GUANACO_LOAD_PAGE_CACHE; /* measured faster: README "Making experts resident" */
+    case OPTION_PREFETCH: return GUANACO_PREDICTOR_PILOT;
     default: return 0;
     }
 }
@@ -116,6 +129,10 @@ static void describe_accepted(const struct option_spec *spec, char *buf, size_t 
     }
     if (spec->kind == OPTION_BOOL) {
         snprintf(buf, size, "one of on|off|1|0|true|false");
+        return;
+    }
+    if (spec->kind == OPTION_FRACTION) {
+        snprintf(buf, size, "a number above 0 and at most 1, e.g. 0.9");
         return;
     }
     size_t used = (size_t)snprintf(buf, size, "one of ");
@@ -170,6 +187,16 @@ static int parse_value(const struct option_spec *spec, const char *source, const
         *value = 1;
         *number = (uint64_t)parsed;
         if (end != text && *end == '\0' && errno == 0 && parsed >= 1 && parsed <= MAX_EXPERTS_LIMIT) {
+            return 0;
+        }
+    } else if (spec->kind == OPTION_FRACTION) {
+        char *end = NULL;
+        errno = 0;
+        double parsed = strtod(text, &end);
+        *value = 1;
+        /* NaN fails both comparisons */
+        if (end != text && *end == '\0' && errno == 0 && parsed > 0 && parsed <= 1 && text[0] != ' ') {
+            *number = (uint64_t)(parsed * FRACTION_SCALE + 0.5);
             return 0;
         }
     } else if (spec->kind == OPTION_PATH) {
@@ -271,6 +298,8 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->load = (enum guanaco_load_mode)value[OPTION_LOAD];
     out->audit = value[OPTION_AUDIT] != 0;
     out->preload = value[OPTION_PRELOAD] != 0;
+    out->prefetch = value[OPTION_PREFETCH];
+    out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;
     out->status_every = value[OPTION_STATUS_EVERY] ? (uint32_t)number[OPTION_STATUS_EVERY] : GUANACO_DEFAULT_STATUS_EVERY;
     guanaco_log_set_enabled(out->log);
     return err;
@@ -287,8 +316,9 @@ static void print_help(void) {
             snprintf(usage, sizeof(usage), "--%s[=on|off]", spec->flag);
         } else if (spec->kind == OPTION_PATH) {
             snprintf(usage, sizeof(usage), "--%s FILE", spec->flag);
-        } else if (spec->kind == OPTION_SIZE || spec->kind == OPTION_NUMBER) {
-            snprintf(usage, sizeof(usage), "--%s %s", spec->flag, spec->kind == OPTION_SIZE ? "SIZE|auto" : "N");
+        } else if (spec->kind == OPTION_SIZE || spec->kind == OPTION_NUMBER || spec->kind == OPTION_FRACTION) {
+            snprintf(usage, sizeof(usage), "--%s %s", spec->flag,
+                     spec->kind == OPTION_SIZE ? "SIZE|auto" : spec->kind == OPTION_NUMBER ? "N" : "X");
         } else {
             snprintf(usage, sizeof(usage), "--%s {%s}", spec->flag, accepted + strlen("one of "));
         }

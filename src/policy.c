@@ -154,6 +154,7 @@ struct guanaco_policy {
     uint32_t max_per_layer;
     uint32_t hint_lifetime;
     uint64_t budget;
+    uint64_t reserve;           /* bytes set aside for reads in flight outside the policy (prefetch) */
     uint64_t resident_bytes;
     uint64_t now;
     uint64_t call;              /* access calls so far; stamps what each call needed */
@@ -861,8 +862,9 @@ int guanaco_policy_evict(struct guanaco_policy *p, uint32_t protect_layer, uint3
     }
     p->n_over_cap = still_over;
 
-    for (int pass = 0; pass < 2 && p->resident_bytes > p->budget && result == 0; pass++) {
-        while (p->resident_bytes > p->budget) {
+    const uint64_t limit = p->budget > p->reserve ? p->budget - p->reserve : 0;
+    for (int pass = 0; pass < 2 && p->resident_bytes > limit && result == 0; pass++) {
+        while (p->resident_bytes > limit) {
             if (victims.count == victims.capacity) {
                 result = -ENOBUFS;
                 break;
@@ -877,6 +879,10 @@ int guanaco_policy_evict(struct guanaco_policy *p, uint32_t protect_layer, uint3
     }
     *n_victims = victims.count;
     return result;
+}
+
+void guanaco_policy_set_reserve(struct guanaco_policy *p, uint64_t bytes) {
+    p->reserve = bytes;
 }
 
 /* ---- hints and queries ---- */

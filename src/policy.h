@@ -106,6 +106,14 @@ int guanaco_policy_evict(struct guanaco_policy *policy, uint32_t protect_layer, 
                          uint32_t *victim_experts, size_t capacity, size_t *n_victims);
 
 /*
+ * Sets aside `bytes` of the budget for experts being read ahead outside the
+ * policy's accounting (the engine's prefetch): from the next evict on, the
+ * budget rule is resident_bytes <= budget - bytes, so resident experts plus
+ * reads ahead stay within the budget. 0 gives the whole budget back.
+ */
+void guanaco_policy_set_reserve(struct guanaco_policy *policy, uint64_t bytes);
+
+/*
  * A predictor's guess that (layer, expert) is needed at the layer's next
  * access, with its confidence. The guanaco policy keeps a hinted expert
  * resident until that access, or until now + hint_lifetime if the access

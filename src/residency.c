@@ -44,6 +44,8 @@
 #define POPULATE_RETRIES 100
 /* Pages per edge read slot: a slice with no whole page inside spans at most two. */
 #define EDGE_SLOT_PAGES 2
+/* Read-ahead requests are at most this long: large sequential reads, one discard buffer. */
+#define PREFETCH_REQUEST_BYTES (8u << 20)
 /* VMAs left to the rest of the process when LOAD_DIRECT sizes its worst case against vm.max_map_count. */
 #define VMA_RESERVE 8192
 
@@ -69,11 +71,22 @@ struct shard {
     char name[256];
 };
 
+/* Experts of one layer read ahead in one job; their requests land in the discard buffer. */
+struct prefetch_run {
+    bool active;
+    uint32_t layer, first_expert, n_experts;
+    uint64_t bytes;
+    struct guanaco_io_job job;
+    struct guanaco_io_request *requests; /* max_run_requests */
+    size_t n_requests;
+};
+
 struct guanaco_residency {
     pthread_mutex_t lock;
     uint32_t n_layer, n_expert;
     uint64_t page;
     unsigned queue_depth;
+    uint64_t budget_bytes;
 
     struct tensor *tensors;
     uint32_t n_tensors;
@@ -111,6 +124,19 @@ struct guanaco_residency {
     uint32_t victim_experts[VICTIM_CAPACITY];
     unsigned char *audit_vector;
 
+    /* prefetch: reads ahead of a layer's next call, outside the policy until that call claims them */
+    struct prefetch_run *runs; /* n_runs slots; a run is one io job over consecutive experts of one layer */
+    uint32_t n_runs;
+    uint32_t *run_of_slot;     /* n_layer * n_expert: index + 1 of the active run reading the expert, 0 = none */
+    size_t max_run_requests;
+    uint64_t prefetch_allowance;   /* most bytes read ahead at once; 0 = prefetch off */
+    uint64_t prefetch_outstanding; /* bytes of active runs: the policy's reserve */
+    char *prefetch_discard;        /* PREFETCH_REQUEST_BYTES: every read-ahead lands here, content discarded */
+    uint32_t *prediction_stamp;    /* n_layer * n_expert: the prediction that last named the slot */
+    uint32_t *layer_prediction;    /* n_layer: the prediction for the layer's next call, 0 = none */
+    uint32_t predictions;
+    bool told_prompt_room;
+
     bool stale;             /* a shard changed on disk: every later call fails */
     bool populate_by_touch; /* MADV_POPULATE_READ is missing: touch one byte per page instead */
     struct guanaco_residency_stats stats;
@@ -134,6 +160,25 @@ static uint64_t page_up(const struct guanaco_residency *r, uint64_t x) {
 static const char *address_of(const struct tensor *t, uint64_t offset) {
     return t->mapped + (offset - t->begin);
 }
+
+/* Consecutive experts one read-ahead run may span: as many as fit in one request of the widest slice. */
+static uint32_t prefetch_run_experts(const struct guanaco_residency *r, uint32_t layer) {
+    uint64_t widest = 0;
+    const struct layer *l = &r->layers[layer];
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        uint64_t stride = r->tensors[l->first_tensor + k].stride;
+        widest = stride > widest ? stride : widest;
+    }
+    uint64_t n = widest ? PREFETCH_REQUEST_BYTES / widest : 1;
+    return n ? (uint32_t)(n < r->n_expert ? n : r->n_expert) : 1;
+}
+
+/* Whether the slot's pages are wanted: resident, or being read ahead. */
+static bool holds(const struct guanaco_residency *r, size_t slot) {
+    return r->loaded[slot] || (r->run_of_slot && r->run_of_slot[slot]);
+}
+
+static int prefetch_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 
 /* ---- create / destroy ---- */
 
@@ -242,6 +287,19 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     if (!r) {
         return;
     }
+    for (uint32_t i = 0; r->io && i < r->n_runs; i++) {
+        if (r->runs[i].active) {
+            (void)guanaco_io_cancel(r->io, &r->runs[i].job); /* no read may land after the buffers go */
+        }
+    }
+    for (uint32_t i = 0; r->runs && i < r->n_runs; i++) {
+        free(r->runs[i].requests);
+    }
+    free(r->runs);
+    free(r->run_of_slot);
+    free(r->prediction_stamp);
+    free(r->layer_prediction);
+    free(r->prefetch_discard);
     guanaco_io_destroy(r->io);
     guanaco_policy_free(r->policy);
     pthread_mutex_destroy(&r->lock);
@@ -285,6 +343,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     long page = sysconf(_SC_PAGESIZE);
     r->page = page > 0 ? (uint64_t)page : 4096;
     r->queue_depth = config->queue_depth ? config->queue_depth : GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH;
+    r->budget_bytes = config->budget_bytes;
 
     uint64_t n_tensors = 0;
     for (uint32_t l = 0; l < r->n_layer; l++) {
@@ -402,7 +461,11 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
                           strerror(-err));
         goto fail;
     }
-    err = guanaco_io_create(config->io_backend, r->queue_depth, GUANACO_RESIDENCY_CHUNK_BYTES, &r->io);
+    if ((err = prefetch_create(r, config)) != 0) {
+        goto fail;
+    }
+    /* Demand reads are cut to GUANACO_RESIDENCY_CHUNK_BYTES here; read-ahead goes in larger pieces. */
+    err = guanaco_io_create(config->io_backend, r->queue_depth, PREFETCH_REQUEST_BYTES, &r->io);
     if (err != 0) {
         if (err != -ENOSYS) { /* -ENOSYS is the caller's cue to fall back to threads, not an error */
             guanaco_log_error("residency: cannot create the %s reader: %s", guanaco_io_backend_name(config->io_backend),
@@ -421,6 +484,50 @@ fail:
     free(expert_bytes);
     guanaco_residency_destroy(r);
     return err;
+}
+
+/*
+ * Read-ahead needs the page-cache path: its reads fill the page cache and
+ * the claiming call maps them. DIRECT's copies would need a staging buffer
+ * per expert read ahead, so DIRECT runs without it.
+ */
+static int prefetch_create(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
+    size_t slots = (size_t)r->n_layer * r->n_expert;
+    r->prediction_stamp = calloc(slots, sizeof(*r->prediction_stamp));
+    r->layer_prediction = calloc(r->n_layer, sizeof(*r->layer_prediction));
+    if (!r->prediction_stamp || !r->layer_prediction) {
+        return -ENOMEM;
+    }
+    if (config->prefetch_bytes == 0 || r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
+        return 0;
+    }
+    /* A run's requests: each tensor's span of the run, cut into PREFETCH_REQUEST_BYTES pieces. */
+    for (uint32_t l = 0; l < r->n_layer; l++) {
+        const struct layer *layer = &r->layers[l];
+        uint32_t run_experts = prefetch_run_experts(r, l);
+        size_t requests = 0;
+        for (uint32_t k = 0; k < layer->n_tensors; k++) {
+            uint64_t span = r->tensors[layer->first_tensor + k].stride * run_experts;
+            requests += (size_t)((span + PREFETCH_REQUEST_BYTES - 1) / PREFETCH_REQUEST_BYTES) + 1;
+        }
+        r->max_run_requests = requests > r->max_run_requests ? requests : r->max_run_requests;
+    }
+    /* one layer ahead for every expert, twice over: two contexts may read ahead different layers */
+    r->n_runs = 2 * r->n_expert;
+    r->runs = calloc(r->n_runs, sizeof(*r->runs));
+    r->run_of_slot = calloc(slots, sizeof(*r->run_of_slot));
+    r->prefetch_discard = malloc(PREFETCH_REQUEST_BYTES);
+    if (!r->runs || !r->run_of_slot || !r->prefetch_discard) {
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < r->n_runs; i++) {
+        r->runs[i].requests = calloc(r->max_run_requests ? r->max_run_requests : 1, sizeof(*r->runs[i].requests));
+        if (!r->runs[i].requests) {
+            return -ENOMEM;
+        }
+    }
+    r->prefetch_allowance = config->prefetch_bytes;
+    return 0;
 }
 
 /* ---- the file-change guard ---- */
@@ -466,9 +573,8 @@ static bool page_droppable(const struct guanaco_residency *r, uint32_t layer, co
     }
     uint64_t first = (page - t->begin) / t->stride;
     uint64_t last = (page + r->page - 1 - t->begin) / t->stride;
-    const uint8_t *loaded = r->loaded + (size_t)layer * r->n_expert;
     for (uint64_t e = first; e <= last; e++) {
-        if (loaded[e]) {
+        if (holds(r, (size_t)layer * r->n_expert + e)) {
             return false;
         }
     }
@@ -557,16 +663,16 @@ static int drop_unaccounted_locked(struct guanaco_residency *r) {
     int first_error = 0;
     for (uint32_t layer = 0; layer < r->n_layer; layer++) {
         const struct layer *l = &r->layers[layer];
-        const uint8_t *loaded = r->loaded + (size_t)layer * r->n_expert;
+        const size_t first_slot = (size_t)layer * r->n_expert;
         for (uint32_t i = 0; i < l->n_tensors; i++) {
             const struct tensor *t = &r->tensors[l->first_tensor + i];
             for (uint32_t e = 0; e < r->n_expert;) {
-                if (loaded[e]) {
+                if (holds(r, first_slot + e)) {
                     e++;
                     continue;
                 }
                 uint32_t run_end = e;
-                while (run_end < r->n_expert && !loaded[run_end]) {
+                while (run_end < r->n_expert && !holds(r, first_slot + run_end)) {
                     run_end++;
                 }
                 uint64_t a = t->begin + (uint64_t)e * t->stride, b = t->begin + (uint64_t)run_end * t->stride;
@@ -633,8 +739,9 @@ static void add_request(struct guanaco_residency *r, size_t *n_requests, int fd,
     r->request_missing[(*n_requests)++] = (uint32_t)missing_index;
 }
 
-/* PAGE_CACHE: every slice in chunks. Each request of a batch has its own scratch chunk; the data is never
- * looked at, the page cache fill is the point. */
+/* PAGE_CACHE: every slice in chunks, all in one job. The data is never looked at, the page cache fill is
+ * the point, so requests share the scratch's chunks round-robin: two reads in flight into one chunk only
+ * scramble bytes nobody reads. */
 static size_t page_cache_requests(struct guanaco_residency *r, const struct layer *l, size_t n) {
     size_t n_requests = 0;
     for (size_t i = 0; i < n; i++) {
@@ -735,11 +842,11 @@ static int move_into_place(struct guanaco_residency *r, const struct tensor *t, 
     return 0;
 }
 
-/* Maps expert i's slices (moving DIRECT's copies in first); 0 or the first error. */
-static int map_expert(struct guanaco_residency *r, const struct layer *l, size_t i) {
+/* Maps expert e's slices (moving DIRECT's copies of staging slot i in first); 0 or the first error. */
+static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32_t e, size_t i) {
     for (uint32_t k = 0; k < l->n_tensors; k++) {
         const struct tensor *t = &r->tensors[l->first_tensor + k];
-        uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride, b = a + t->stride;
+        uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
         int err = 0;
         if (r->load == GUANACO_RESIDENCY_LOAD_DIRECT) {
             if ((err = move_into_place(r, t, a, &r->staging[i * r->max_tensors_in_layer + k])) != 0) {
@@ -762,7 +869,7 @@ static int map_expert(struct guanaco_residency *r, const struct layer *l, size_t
             err = populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
         }
         if (err) {
-            guanaco_log_error("residency: cannot map expert %u of layer %u (%s, bytes %llu..%llu): %s", r->missing[i],
+            guanaco_log_error("residency: cannot map expert %u of layer %u (%s, bytes %llu..%llu): %s", e,
                               (unsigned)(l - r->layers), r->shards[t->shard].name, (unsigned long long)a,
                               (unsigned long long)b, strerror(-err));
             return err;
@@ -771,28 +878,52 @@ static int map_expert(struct guanaco_residency *r, const struct layer *l, size_t
     return 0;
 }
 
-/*
- * Reads the n missing experts of `layer`: every slice of every expert in one
- * batch when the destinations allow (so the queue stays full), in batches of
- * the scratch's size for PAGE_CACHE otherwise; then maps each expert whose
- * reads all succeeded. Marks the successes loaded and sets missing_error[i]
- * for each failure. A failed expert's DIRECT copies are freed unseen: nothing
- * partial is ever placed in the mapping. Returns the first error.
- */
-static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, uint64_t token) {
+/* Maps every slice of expert e, edge pages included: its bytes are in the page cache already. */
+static int populate_slices(struct guanaco_residency *r, const struct layer *l, uint32_t e) {
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
+        int err = populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
+        if (err) {
+            return err;
+        }
+    }
+    return 0;
+}
+
+/* An expert that is now really mapped enters the accounting; its load may be churn. */
+static void admit_loaded(struct guanaco_residency *r, uint32_t layer, uint32_t e, uint64_t token) {
+    size_t slot = (size_t)layer * r->n_expert + e;
+    r->loaded[slot] = 1;
+    r->stats.expert_loads++;
+    if (r->evicted_at[slot] && token + 1 - r->evicted_at[slot] <= GUANACO_RESIDENCY_CHURN_TOKENS) {
+        r->stats.churn_loads++;
+    }
+}
+
+/* Starts the reads of the n missing experts of `layer` in one urgent job; returns the request count. */
+static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t n, struct guanaco_io_job *job) {
     const struct layer *l = &r->layers[layer];
     for (size_t i = 0; i < n; i++) {
         r->missing_error[i] = 0;
     }
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
     size_t n_requests = direct ? direct_requests(r, layer, l, n) : page_cache_requests(r, l, n);
-    /* PAGE_CACHE: reads in flight never share a scratch chunk. DIRECT: every request has its own destination. */
-    size_t batch = direct ? (n_requests ? n_requests : 1) : r->scratch_chunks;
-    uint64_t read_start = now_ns();
-    for (size_t first = 0; first < n_requests; first += batch) {
-        size_t count = n_requests - first < batch ? n_requests - first : batch;
-        (void)guanaco_io_read_batch(r->io, r->requests + first, count); /* per-request results below */
-    }
+    (void)guanaco_io_submit(r->io, job, r->requests, n_requests, 1); /* per-request results below */
+    return n_requests;
+}
+
+/*
+ * Waits for submit_demand's job, then maps each expert whose reads all
+ * succeeded. Marks the successes loaded and sets missing_error[i] for each
+ * failure. A failed expert's DIRECT copies are freed unseen: nothing
+ * partial is ever placed in the mapping. Returns the first error.
+ */
+static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, size_t n_requests,
+                         struct guanaco_io_job *job, uint64_t token, uint64_t read_start) {
+    const struct layer *l = &r->layers[layer];
+    const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
+    (void)guanaco_io_wait(r->io, job);
     uint64_t read_end = now_ns();
     r->stats.read_ns += read_end - read_start;
     r->stats.reads_issued += n_requests;
@@ -802,18 +933,13 @@ static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, u
             first_error = r->missing_error[i]; /* a staging buffer that could not be had */
         }
         if (r->missing_error[i] == 0) {
-            r->missing_error[i] = map_expert(r, l, i);
+            r->missing_error[i] = map_expert(r, l, r->missing[i], i);
             if (r->missing_error[i] && !first_error) {
                 first_error = r->missing_error[i];
             }
         }
-        size_t slot = (size_t)layer * r->n_expert + r->missing[i];
         if (r->missing_error[i] == 0) {
-            r->loaded[slot] = 1;
-            r->stats.expert_loads++;
-            if (r->evicted_at[slot] && token + 1 - r->evicted_at[slot] <= GUANACO_RESIDENCY_CHURN_TOKENS) {
-                r->stats.churn_loads++;
-            }
+            admit_loaded(r, layer, r->missing[i], token);
         } else {
             r->stats.load_failures++;
         }
@@ -829,6 +955,209 @@ static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, u
     }
     r->stats.populate_ns += now_ns() - read_end;
     return first_error;
+}
+
+/* Reads and maps the n missing experts of `layer` (r->missing) and waits for them. */
+static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, uint64_t token) {
+    struct guanaco_io_job job;
+    uint64_t start = now_ns();
+    size_t n_requests = submit_demand(r, layer, n, &job);
+    return finish_demand(r, layer, n, n_requests, &job, token, start);
+}
+
+/* ---- read-ahead ---- */
+
+static void release_run(struct guanaco_residency *r, struct prefetch_run *run) {
+    for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts; e++) {
+        r->run_of_slot[(size_t)run->layer * r->n_expert + e] = 0;
+    }
+    r->prefetch_outstanding -= run->bytes;
+    run->active = false;
+    guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding);
+}
+
+/*
+ * Settles the read-ahead of `layer` at its call (`call` stamps the experts
+ * the call needs): a run that holds no needed expert is cancelled; the
+ * others are waited for, and each needed expert in them is mapped and
+ * admitted like a load. Experts read for nothing are dropped again. A needed
+ * expert whose read-ahead failed goes to r->missing[*n_missing...] so the
+ * demand path reads it again. Returns the number of experts admitted.
+ */
+static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64_t call, uint64_t token,
+                             size_t *n_missing) {
+    size_t admitted = 0;
+    const struct layer *l = &r->layers[layer];
+    for (uint32_t i = 0; i < r->n_runs; i++) {
+        struct prefetch_run *run = &r->runs[i];
+        if (!run->active || run->layer != layer) {
+            continue;
+        }
+        bool needed = false;
+        for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts && !needed; e++) {
+            needed = r->seen_call[e] == call;
+        }
+        if (!needed) {
+            r->stats.prefetch_wasted_bytes += guanaco_io_cancel(r->io, &run->job);
+            r->stats.prefetch_wasted_experts += run->n_experts;
+            release_run(r, run);
+            for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts; e++) {
+                (void)drop_expert(r, layer, e);
+            }
+            continue;
+        }
+        uint64_t wait_start = now_ns();
+        bool hidden = guanaco_io_poll(r->io, &run->job);
+        int err = guanaco_io_wait(r->io, &run->job);
+        r->stats.prefetch_wait_ns += now_ns() - wait_start;
+        release_run(r, run);
+        uint64_t per_expert = l->expert_bytes;
+        for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts; e++) {
+            if (r->seen_call[e] != call) {
+                r->stats.prefetch_wasted_bytes += per_expert;
+                r->stats.prefetch_wasted_experts++;
+                (void)drop_expert(r, layer, e);
+                continue;
+            }
+            if (err == 0 && populate_slices(r, l, e) == 0) {
+                admit_loaded(r, layer, e, token);
+                r->stats.prefetch_used_bytes += per_expert;
+                r->stats.prefetch_used_experts++;
+                r->stats.prefetch_hidden_bytes += hidden ? per_expert : 0;
+                admitted++;
+            } else {
+                r->missing[(*n_missing)++] = e; /* read it the ordinary way */
+            }
+        }
+    }
+    return admitted;
+}
+
+/* Evicts by policy until the budget rule holds, protecting `layer`; 0 or the first drop error. */
+static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t token) {
+    uint64_t evict_start = now_ns();
+    int drop_error = 0;
+    for (;;) {
+        size_t n_victims = 0;
+        int ret = guanaco_policy_evict(r->policy, layer, r->victim_layers, r->victim_experts, VICTIM_CAPACITY,
+                                       &n_victims);
+        /* All of a round's victims are marked first, so a page two of them share goes with the second. */
+        for (size_t v = 0; v < n_victims; v++) {
+            size_t slot = (size_t)r->victim_layers[v] * r->n_expert + r->victim_experts[v];
+            r->loaded[slot] = 0;
+            r->evicted_at[slot] = token + 1;
+        }
+        for (size_t v = 0; v < n_victims; v++) {
+            int e = drop_expert(r, r->victim_layers[v], r->victim_experts[v]);
+            if (e && !drop_error) {
+                drop_error = e;
+            }
+        }
+        r->stats.evictions += n_victims;
+        if (ret != -ENOBUFS) {
+            break;
+        }
+    }
+    r->stats.evict_ns += now_ns() - evict_start;
+    r->stats.resident_bytes = guanaco_policy_resident_bytes(r->policy);
+    return drop_error;
+}
+
+static int compare_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
+                           uint32_t protect_layer, uint64_t token) {
+    if (layer >= r->n_layer || r->layers[layer].n_tensors == 0 || n == 0 || r->stale) {
+        return 0;
+    }
+    /* the prediction is scored at the layer's next call, whether or not anything is read */
+    uint32_t stamp = ++r->predictions ? r->predictions : ++r->predictions;
+    r->layer_prediction[layer] = stamp;
+    size_t wanted = 0;
+    const uint64_t expert_bytes = r->layers[layer].expert_bytes;
+    for (size_t i = 0; i < n; i++) {
+        if (experts[i] >= r->n_expert) {
+            continue;
+        }
+        size_t slot = (size_t)layer * r->n_expert + experts[i];
+        if (r->prediction_stamp[slot] == stamp) {
+            continue; /* named twice */
+        }
+        r->prediction_stamp[slot] = stamp;
+        /* most likely first: what the allowance cuts off is the least likely */
+        if (r->prefetch_allowance && !holds(r, slot) &&
+            r->prefetch_outstanding + (wanted + 1) * expert_bytes <= r->prefetch_allowance) {
+            r->missing[wanted++] = experts[i]; /* r->missing is free between calls */
+        }
+    }
+    if (wanted == 0) {
+        return 0;
+    }
+    /* Room inside the budget: the policy gives up its least wanted experts, never the protected layer's. */
+    guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding + wanted * expert_bytes);
+    int err = evict_by_policy(r, protect_layer, token);
+    uint64_t used = guanaco_policy_resident_bytes(r->policy) + r->prefetch_outstanding;
+    uint64_t budget = r->budget_bytes;
+    size_t fits = used < budget ? (size_t)((budget - used) / expert_bytes) : 0;
+    if (fits < wanted) {
+        if (wanted >= r->n_expert / 2 && !r->told_prompt_room) {
+            r->told_prompt_room = true;
+            guanaco_log_info("residency: the budget holds %zu of the %zu experts a prompt needs next beside the "
+                             "current layer's: reading ahead only those", fits, wanted);
+        }
+        wanted = fits;
+    }
+    guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding + wanted * expert_bytes);
+    /* ascending ids: consecutive experts are consecutive bytes of every tensor, so they share requests */
+    qsort(r->missing, wanted, sizeof(*r->missing), compare_u32);
+    const struct layer *l = &r->layers[layer];
+    const uint32_t run_limit = prefetch_run_experts(r, layer);
+    for (size_t i = 0; i < wanted;) {
+        struct prefetch_run *run = NULL;
+        for (uint32_t j = 0; j < r->n_runs && !run; j++) {
+            run = r->runs[j].active ? NULL : &r->runs[j];
+        }
+        if (!run) {
+            break; /* every run is busy: the rest is read on demand */
+        }
+        uint32_t first = r->missing[i], count = 1;
+        while (i + count < wanted && count < run_limit && r->missing[i + count] == first + count) {
+            count++;
+        }
+        *run = (struct prefetch_run){.active = true, .layer = layer, .first_expert = first, .n_experts = count,
+                                     .bytes = (uint64_t)count * expert_bytes, .requests = run->requests};
+        for (uint32_t k = 0; k < l->n_tensors; k++) {
+            const struct tensor *t = &r->tensors[l->first_tensor + k];
+            uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
+            for (uint64_t at = a; at < b; at += PREFETCH_REQUEST_BYTES) {
+                uint64_t length = b - at < PREFETCH_REQUEST_BYTES ? b - at : PREFETCH_REQUEST_BYTES;
+                run->requests[run->n_requests++] = (struct guanaco_io_request){
+                    .fd = t->fd, .offset = at, .length = length, .destination = r->prefetch_discard};
+            }
+        }
+        for (uint32_t e = first; e < first + count; e++) {
+            r->run_of_slot[(size_t)layer * r->n_expert + e] = (uint32_t)(run - r->runs) + 1;
+        }
+        r->prefetch_outstanding += run->bytes;
+        r->stats.prefetch_issued_bytes += run->bytes;
+        r->stats.prefetch_issued_experts += count;
+        (void)guanaco_io_submit(r->io, &run->job, run->requests, run->n_requests, 0);
+        i += count;
+    }
+    guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding);
+    return err;
+}
+
+int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
+                               uint32_t protect_layer, uint64_t token) {
+    pthread_mutex_lock(&r->lock);
+    int err = prefetch_locked(r, layer, experts, n, protect_layer, token);
+    r->stats.prefetch_outstanding_bytes = r->prefetch_outstanding;
+    pthread_mutex_unlock(&r->lock);
+    return err;
 }
 
 /* ---- one call ---- */
@@ -863,17 +1192,47 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     }
     r->stats.accesses += n_distinct;
 
+    /* how good the read-ahead's guess for this call was, whether or not it was read */
+    if (r->layer_prediction[layer]) {
+        for (size_t i = 0; i < n_distinct; i++) {
+            r->stats.predicted_needed +=
+                r->prediction_stamp[(size_t)layer * r->n_expert + r->distinct[i]] == r->layer_prediction[layer];
+        }
+        r->stats.prediction_checked += n_distinct;
+        r->layer_prediction[layer] = 0;
+    }
+
     uint8_t *loaded = r->loaded + (size_t)layer * r->n_expert;
     size_t n_missing = 0;
     for (size_t i = 0; i < n_distinct; i++) {
+        size_t slot = (size_t)layer * r->n_expert + r->distinct[i];
         if (loaded[r->distinct[i]]) {
             r->stats.hits++;
             r->stats.pinned_hits += guanaco_policy_is_pinned(r->policy, layer, r->distinct[i]);
-        } else {
+        } else if (!r->run_of_slot || !r->run_of_slot[slot]) {
             r->missing[n_missing++] = r->distinct[i];
         }
     }
-    int first_error = n_missing ? load_experts(r, layer, n_missing, token) : 0;
+    int first_error = 0;
+    if (r->runs) {
+        /* What is missing goes first (urgent); read-ahead of this layer lands meanwhile and is claimed. */
+        struct guanaco_io_job job;
+        uint64_t start = now_ns();
+        size_t n_requests = n_missing ? submit_demand(r, layer, n_missing, &job) : 0;
+        size_t n_demand = n_missing;
+        (void)claim_prefetch(r, layer, call, token, &n_missing);
+        if (n_demand) {
+            first_error = finish_demand(r, layer, n_demand, n_requests, &job, token, start);
+        }
+        if (n_missing > n_demand) {
+            /* read-ahead that failed: once more, the ordinary way */
+            memmove(r->missing, r->missing + n_demand, (n_missing - n_demand) * sizeof(*r->missing));
+            int err = load_experts(r, layer, n_missing - n_demand, token);
+            first_error = first_error ? first_error : err;
+        }
+    } else if (n_missing) {
+        first_error = load_experts(r, layer, n_missing, token);
+    }
 
     /* The policy hears only about what is really resident now. */
     size_t n_accessed = 0;
@@ -888,43 +1247,19 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         guanaco_log_error("residency: policy refused layer %u: %s", layer, strerror(-err));
         return err;
     }
-    uint64_t resident = guanaco_policy_resident_bytes(r->policy);
+    uint64_t resident = guanaco_policy_resident_bytes(r->policy) + r->prefetch_outstanding;
     if (resident > r->stats.peak_resident_bytes) {
         r->stats.peak_resident_bytes = resident;
     }
 
     /* A failed expert may have left pages cached or mapped; they are no one's now. */
-    for (size_t i = 0; i < n_missing; i++) {
-        if (r->missing_error[i] != 0) {
-            (void)drop_expert(r, layer, r->missing[i]);
+    for (size_t i = 0; first_error && i < n_distinct; i++) {
+        if (!loaded[r->distinct[i]]) {
+            (void)drop_expert(r, layer, r->distinct[i]);
         }
     }
 
-    uint64_t evict_start = now_ns();
-    int drop_error = 0;
-    for (;;) {
-        size_t n_victims = 0;
-        int ret = guanaco_policy_evict(r->policy, layer, r->victim_layers, r->victim_experts, VICTIM_CAPACITY,
-                                       &n_victims);
-        /* All of a round's victims are marked first, so a page two of them share goes with the second. */
-        for (size_t v = 0; v < n_victims; v++) {
-            size_t slot = (size_t)r->victim_layers[v] * r->n_expert + r->victim_experts[v];
-            r->loaded[slot] = 0;
-            r->evicted_at[slot] = token + 1;
-        }
-        for (size_t v = 0; v < n_victims; v++) {
-            int e = drop_expert(r, r->victim_layers[v], r->victim_experts[v]);
-            if (e && !drop_error) {
-                drop_error = e;
-            }
-        }
-        r->stats.evictions += n_victims;
-        if (ret != -ENOBUFS) {
-            break;
-        }
-    }
-    r->stats.evict_ns += now_ns() - evict_start;
-    r->stats.resident_bytes = guanaco_policy_resident_bytes(r->policy);
+    int drop_error = evict_by_policy(r, layer, token);
     return first_error ? first_error : drop_error;
 }
 
@@ -934,8 +1269,62 @@ int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer,
     pthread_mutex_lock(&r->lock);
     int ret = prepare_locked(r, layer, ids, n_ids, token);
     r->stats.stall_ns += now_ns() - start;
+    r->stats.prefetch_outstanding_bytes = r->prefetch_outstanding;
     pthread_mutex_unlock(&r->lock);
     return ret;
+}
+
+/* Whether every page of expert e of `layer` is in the page cache (mincore over the shared mapping). */
+static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t e) {
+    const struct layer *l = &r->layers[layer];
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        uint64_t a = page_down(r, t->begin + (uint64_t)e * t->stride);
+        uint64_t b = page_up(r, t->begin + (uint64_t)(e + 1) * t->stride);
+        for (uint64_t at = a; at < b;) {
+            uint64_t pages = (b - at) / r->page;
+            pages = pages < AUDIT_PAGES ? pages : AUDIT_PAGES;
+            if (mincore((void *)(uintptr_t)address_of(t, at), pages * r->page, r->audit_vector) != 0) {
+                return false;
+            }
+            for (uint64_t p = 0; p < pages; p++) {
+                if (!(r->audit_vector[p] & 1)) {
+                    return false;
+                }
+            }
+            at += pages * r->page;
+        }
+    }
+    return true;
+}
+
+int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_layer, uint64_t *adopted) {
+    *adopted = 0;
+    pthread_mutex_lock(&r->lock);
+    int err = 0;
+    for (uint32_t layer = 0; layer < r->n_layer && !err; layer++) {
+        const struct layer *l = &r->layers[layer];
+        size_t n = 0;
+        for (uint32_t e = 0; e < r->n_expert && n < per_layer && l->n_tensors; e++) {
+            size_t slot = (size_t)layer * r->n_expert + e;
+            if (!r->loaded[slot] && expert_cached(r, layer, e) && populate_slices(r, l, e) == 0) {
+                r->loaded[slot] = 1;
+                r->accessed[n++] = e;
+            }
+        }
+        if (n == 0) {
+            continue;
+        }
+        size_t n_policy_missing = 0;
+        err = guanaco_policy_access(r->policy, layer, r->accessed, n, 0, r->policy_missing, &n_policy_missing);
+        *adopted += n;
+    }
+    if (!err) {
+        err = evict_by_policy(r, 0, 0);
+    }
+    r->stats.resident_bytes = guanaco_policy_resident_bytes(r->policy);
+    pthread_mutex_unlock(&r->lock);
+    return err;
 }
 
 /* ---- queries ---- */

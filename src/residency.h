@@ -113,6 +113,7 @@ struct guanaco_residency_config {
     unsigned queue_depth;           /* 0 = GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH */
     uint64_t scratch_bytes;         /* 0 = GUANACO_RESIDENCY_SCRATCH_BYTES; below queue_depth MiB starves the queue */
     enum guanaco_residency_load load;
+    uint64_t prefetch_bytes;        /* most bytes read ahead at once, inside the budget; 0 = no read-ahead */
 };
 
 struct guanaco_residency_stats {
@@ -126,6 +127,13 @@ struct guanaco_residency_stats {
     uint64_t peak_resident_bytes;   /* highest accounting, reached between the reads and the eviction */
     uint64_t churn_loads;           /* loads of an expert evicted at most GUANACO_RESIDENCY_CHURN_TOKENS before */
     uint64_t pinned_hits;           /* hits on experts the policy holds in its pinned hot set */
+    /* read-ahead (guanaco_residency_prefetch): experts and bytes started, claimed by the layer's next
+       call (used), dropped unclaimed (wasted); used bytes whose reads were done before the call (hidden) */
+    uint64_t prefetch_issued_experts, prefetch_used_experts, prefetch_wasted_experts;
+    uint64_t prefetch_issued_bytes, prefetch_used_bytes, prefetch_wasted_bytes, prefetch_hidden_bytes;
+    uint64_t prefetch_wait_ns;           /* inside stall_ns: waiting for read-ahead still in flight */
+    uint64_t prefetch_outstanding_bytes; /* read ahead and not yet claimed, now */
+    uint64_t prediction_checked, predicted_needed; /* distinct experts of predicted calls, and how many were named */
     enum guanaco_io_backend io_backend;
     enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
 };
@@ -151,6 +159,24 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
 int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
                                     uint64_t token);
 
+/*
+ * Starts reading, in the background, experts of `layer` that a predictor
+ * expects its next call to need (most likely first). It never waits. Each
+ * is read only if it is neither resident nor already being read, and only
+ * while the bytes read ahead stay within config.prefetch_bytes and, with
+ * the resident experts, within the budget: the policy first evicts its
+ * least wanted experts to make room (never protect_layer's, whose experts
+ * are computing now), and what still does not fit is not read. The layer's
+ * next prepare_layer claims what it needs, waiting only for reads still in
+ * flight, and drops the rest. The prediction is scored there too (stats:
+ * prediction_checked, predicted_needed). A wrong guess costs bytes, never
+ * correctness: nothing read ahead is mapped until a call claims it.
+ * 0, or the first eviction error. No-op without read-ahead (DIRECT loading,
+ * or prefetch_bytes 0), except for scoring the prediction.
+ */
+int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
+                               uint32_t protect_layer, uint64_t token);
+
 void guanaco_residency_get_stats(const struct guanaco_residency *r, struct guanaco_residency_stats *out);
 
 /* Whether (layer, expert) is resident in the accounting; false when out of range. */
@@ -172,6 +198,16 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
  * first -errno of madvise/fadvise (with a message).
  */
 int guanaco_residency_drop_unaccounted(struct guanaco_residency *r);
+
+/*
+ * A warm start: adopts, in each MoE layer, up to `per_layer` experts whose
+ * every page is already in the page cache (a second run, a restarted
+ * server), in ascending order, as resident without reading them: they are
+ * mapped and the policy is told. Call it before drop_unaccounted, which then
+ * drops only what was not adopted. *adopted is the number of experts.
+ * 0, or the policy's error. DIRECT loading adopts into the page cache path.
+ */
+int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_layer, uint64_t *adopted);
 
 /* Tests only: arm io.h's one-shot fault (guanaco_io_inject_fault) on the engine's reader. */
 void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t after_bytes, int error);
