@@ -44,6 +44,7 @@
 /* One piece of one request of one job; `done` grows as (possibly short) reads complete. */
 struct chunk {
     struct guanaco_io_job *job;
+    bool urgent;
     size_t request;
     int fd;
     bool direct;
@@ -77,6 +78,7 @@ struct guanaco_io {
     pthread_cond_t job_done;   /* some job finished */
     bool sync_ready;
     struct job_queue urgent, normal;
+    unsigned normal_in_flight; /* chunks of non-urgent jobs being read */
     bool stopping;
     pthread_t *threads;
     unsigned n_threads;
@@ -232,6 +234,7 @@ static bool job_next_chunk(const struct guanaco_io *io, struct guanaco_io_job *j
     uint64_t limit = chunk_limit(io, job->checked_direct);
     *c = (struct chunk){
         .job = job,
+        .urgent = job->urgent,
         .request = job->next_request,
         .fd = r->fd,
         .direct = job->checked_direct,
@@ -247,14 +250,20 @@ static bool job_next_chunk(const struct guanaco_io *io, struct guanaco_io_job *j
     return true;
 }
 
-/* The next chunk of all queued work, urgent jobs first; false when there is none. */
+/*
+ * The next chunk of all queued work, urgent jobs first; false when there is
+ * none. Non-urgent jobs get at most half the queue: an urgent read that
+ * arrives later waits for at most that many chunks ahead of it on the disk.
+ */
 static bool take_chunk(struct guanaco_io *io, struct chunk *c) {
     struct job_queue *queues[2] = {&io->urgent, &io->normal};
+    const unsigned normal_limit = io->queue_depth > 1 ? io->queue_depth / 2 : 1;
     for (int q = 0; q < 2; q++) {
-        while (queues[q]->head) {
+        while (queues[q]->head && (q == 0 || io->normal_in_flight < normal_limit)) {
             struct guanaco_io_job *job = queues[q]->head;
             if (job_next_chunk(io, job, c)) {
                 job->in_flight++;
+                io->normal_in_flight += q == 1;
                 if (job_exhausted(job)) {
                     queue_remove(queues[q], job);
                 }
@@ -274,6 +283,7 @@ static void chunk_finished(struct guanaco_io *io, struct chunk *c, int state) {
         r->result = state;
     }
     c->job->in_flight--;
+    io->normal_in_flight -= !c->urgent;
     finish_if_complete(io, c->job);
 }
 
@@ -677,6 +687,7 @@ int guanaco_io_submit(struct guanaco_io *io, struct guanaco_io_job *job, struct 
         pthread_mutex_unlock(&io->lock);
         return 0;
     }
+    job->urgent = urgent != 0;
     queue_push(urgent ? &io->urgent : &io->normal, job);
     if (io->backend == GUANACO_IO_THREADS) {
         pthread_cond_broadcast(&io->work_ready);

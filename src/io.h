@@ -60,6 +60,7 @@ struct guanaco_io_job {
     unsigned in_flight;    /* chunks being read */
     int queued;            /* still has chunks to issue: linked in a queue */
     int done;              /* every chunk issued has completed and none is left to issue */
+    int urgent;
     struct guanaco_io_job *next_in_queue;
 };
 

@@ -147,6 +147,13 @@ size_t guanaco_predictor_predict(struct guanaco_predictor *p, uint32_t layer, co
     return p->ops->predict(p->impl, layer, ids, k, n_tokens, out, capacity);
 }
 
+double guanaco_predictor_probability(const struct guanaco_predictor *p, size_t i, size_t emitted) {
+    if (!p || !p->ops || i >= emitted) {
+        return 0;
+    }
+    return p->ops->probability(p->impl, i);
+}
+
 uint32_t guanaco_predictor_next_layer(const struct guanaco_predictor *p, uint32_t layer) {
     return p && layer < p->n_layer ? p->next_layer[layer] : UINT32_MAX;
 }

@@ -67,6 +67,10 @@ int guanaco_predictor_observe(struct guanaco_predictor *p, uint32_t from_layer, 
 size_t guanaco_predictor_predict(struct guanaco_predictor *p, uint32_t layer, const int32_t *ids, uint32_t k,
                                  uint32_t n_tokens, uint32_t *out, size_t capacity);
 
+/* The chance, from 0 to 1, that a token of the last predict call needs its i-th guess (i < the count
+   that call returned, `emitted`; 0 otherwise). The guesses come most likely first, so this falls with i. */
+double guanaco_predictor_probability(const struct guanaco_predictor *p, size_t i, size_t emitted);
+
 /* The next MoE layer after `layer`, or UINT32_MAX when there is none. */
 uint32_t guanaco_predictor_next_layer(const struct guanaco_predictor *p, uint32_t layer);
 

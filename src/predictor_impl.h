@@ -15,6 +15,8 @@ struct guanaco_predictor_ops {
     int (*observe)(void *impl, uint32_t from_layer, const int32_t *from_ids, const int32_t *to_ids, uint32_t k,
                    uint32_t n_tokens);
     /* `layer` has a next MoE layer; capacity > 0. */
+    /* the probability of the i-th expert the last predict emitted */
+    double (*probability)(void *impl, size_t i);
     size_t (*predict)(void *impl, uint32_t layer, const int32_t *ids, uint32_t k, uint32_t n_tokens, uint32_t *out,
                       size_t capacity);
     void (*free)(void *impl);

@@ -193,7 +193,15 @@ static size_t pilot_predict(void *impl, uint32_t layer, const int32_t *ids, uint
     return emitted;
 }
 
+static double pilot_probability(void *impl, size_t i) {
+    struct pilot *pilot = impl;
+    /* a share of one token's slots is at most one: the chance that one token needs the expert */
+    double score = pilot->scored[i].score;
+    return score < 1 ? score : 1;
+}
+
 static const struct guanaco_predictor_ops pilot_ops = {
+    .probability = pilot_probability,
     .observe = pilot_observe,
     .predict = pilot_predict,
     .free = pilot_free,

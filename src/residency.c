@@ -1069,7 +1069,7 @@ static int compare_u32(const void *a, const void *b) {
 }
 
 static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
-                           uint32_t protect_layer, uint64_t token) {
+                           size_t n_read, uint32_t protect_layer, uint64_t token) {
     if (layer >= r->n_layer || r->layers[layer].n_tensors == 0 || n == 0 || r->stale) {
         return 0;
     }
@@ -1088,7 +1088,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         }
         r->prediction_stamp[slot] = stamp;
         /* most likely first: what the allowance cuts off is the least likely */
-        if (r->prefetch_allowance && !holds(r, slot) &&
+        if (i < n_read && r->prefetch_allowance && !holds(r, slot) &&
             r->prefetch_outstanding + (wanted + 1) * expert_bytes <= r->prefetch_allowance) {
             r->missing[wanted++] = experts[i]; /* r->missing is free between calls */
         }
@@ -1115,6 +1115,9 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     qsort(r->missing, wanted, sizeof(*r->missing), compare_u32);
     const struct layer *l = &r->layers[layer];
     const uint32_t run_limit = prefetch_run_experts(r, layer);
+    /* Most of a layer (a prompt) goes in large sequential requests. A few experts go in the demand path's
+       chunk size: a demand read that comes meanwhile waits behind fewer bytes. */
+    const uint64_t request_bytes = 2 * wanted >= r->n_expert ? PREFETCH_REQUEST_BYTES : GUANACO_RESIDENCY_CHUNK_BYTES;
     for (size_t i = 0; i < wanted;) {
         struct prefetch_run *run = NULL;
         for (uint32_t j = 0; j < r->n_runs && !run; j++) {
@@ -1132,8 +1135,8 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
-            for (uint64_t at = a; at < b; at += PREFETCH_REQUEST_BYTES) {
-                uint64_t length = b - at < PREFETCH_REQUEST_BYTES ? b - at : PREFETCH_REQUEST_BYTES;
+            for (uint64_t at = a; at < b; at += request_bytes) {
+                uint64_t length = b - at < request_bytes ? b - at : request_bytes;
                 run->requests[run->n_requests++] = (struct guanaco_io_request){
                     .fd = t->fd, .offset = at, .length = length, .destination = r->prefetch_discard};
             }
@@ -1152,9 +1155,9 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
 }
 
 int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
-                               uint32_t protect_layer, uint64_t token) {
+                               size_t n_read, uint32_t protect_layer, uint64_t token) {
     pthread_mutex_lock(&r->lock);
-    int err = prefetch_locked(r, layer, experts, n, protect_layer, token);
+    int err = prefetch_locked(r, layer, experts, n, n_read, protect_layer, token);
     r->stats.prefetch_outstanding_bytes = r->prefetch_outstanding;
     pthread_mutex_unlock(&r->lock);
     return err;

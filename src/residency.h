@@ -162,8 +162,9 @@ int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer,
 /*
  * Starts reading, in the background, experts of `layer` that a predictor
  * expects its next call to need (most likely first). It never waits. Each
- * is read only if it is neither resident nor already being read, and only
- * while the bytes read ahead stay within config.prefetch_bytes and, with
+ * among the first n_read is read, only if it is neither resident nor
+ * already being read, and only while all bytes read ahead stay within
+ * config.prefetch_bytes and, with
  * the resident experts, within the budget: the policy first evicts its
  * least wanted experts to make room (never protect_layer's, whose experts
  * are computing now), and what still does not fit is not read. The layer's
@@ -175,7 +176,7 @@ int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer,
  * or prefetch_bytes 0), except for scoring the prediction.
  */
 int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
-                               uint32_t protect_layer, uint64_t token);
+                               size_t n_read, uint32_t protect_layer, uint64_t token);
 
 void guanaco_residency_get_stats(const struct guanaco_residency *r, struct guanaco_residency_stats *out);
 

@@ -508,7 +508,7 @@ static void run_prefetch_stream(const struct model *m, enum guanaco_io_backend i
             for (uint32_t w = 0; w < wrong; w++) {
                 guess[n_guess++] = (uint32_t)(next_random() % N_EXPERT); /* may be right by chance */
             }
-            failures += guanaco_residency_prefetch(r, next, guess, n_guess, l, token) != 0;
+            failures += guanaco_residency_prefetch(r, next, guess, n_guess, n_guess, l, token) != 0;
         }
     }
     CHECK(failures == 0);
