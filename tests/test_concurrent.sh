@@ -58,11 +58,13 @@ GUANACO_STREAMING=1 run streaming
 check "streaming, no budget: concurrent == alone == streaming off" $? "rc=$rc $(tail -3 "$W/streaming.log")"
 
 # Under a budget: every context's router drives the one residency engine.
-for spec in "lru uring direct" "lru threads page-cache" "layer-lru uring page-cache" "layer-lru threads direct"; do
+# The last field is the read-ahead predictor (page-cache loading reads ahead; direct ignores it).
+for spec in "lru uring direct pilot" "lru threads page-cache pilot" "layer-lru uring page-cache pilot" \
+            "layer-lru threads direct none" "layer-lru threads page-cache none"; do
     set -- $spec
-    policy=$1 io=$2 load=$3 name="budget-$1-$2-$3"
+    policy=$1 io=$2 load=$3 name="budget-$1-$2-$3-$4"
     GUANACO_STREAMING=1 GUANACO_RAM=$budget GUANACO_MAX_EXPERTS=2 GUANACO_POLICY=$policy GUANACO_IO=$io \
-        GUANACO_LOAD=$load run "$name"
+        GUANACO_LOAD=$load GUANACO_PREFETCH=$4 run "$name"
     line=$(grep 'residency: budget' "$W/$name.log")
     # io_uring may be unavailable (old kernel, seccomp): the engine then says so and uses threads.
     want_io=$io
@@ -72,7 +74,7 @@ for spec in "lru uring direct" "lru threads page-cache" "layer-lru uring page-ca
     [ $rc -eq 0 ] && grep -q 'all logits equal the lone runs' "$W/$name.log" &&
         [[ "$line" == *"policy $policy, io $want_io"* ]] && [[ "$line" == *"(15%)"* ]] &&
         [ "$e" -gt 0 ] && cmp -s "$W/plain.bin" "$W/$name.bin"
-    check "budget 15% + 2 experts/layer, policy $policy, io $io, load $load: concurrent == alone == streaming off ($e evictions)" $? \
+    check "budget 15% + 2 experts/layer, policy $policy, io $io, load $load, prefetch $4: concurrent == alone == streaming off ($e evictions)" $? \
         "rc=$rc evictions=$e budget line '$line' $(grep -E '^concurrent_decode|guanaco: error' "$W/$name.log" | head -5)"
 done
 

@@ -23,15 +23,26 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K"; do
     check "$arch $quant written" $? "mkmodel failed"
     env -u GUANACO_STREAMING "$LOGITS_DUMP" "$m" "$W/$arch.off.bin" --no-repack >"$W/$arch.off.log" 2>&1
     check "$arch $quant off" $? "$(tail -2 "$W/$arch.off.log")"
-    for run in "guanaco uring 3M direct" "lru threads 3M page-cache" "layer-lru uring 2M page-cache" \
-               "layer-lru threads 2M direct" "lfu threads 4M direct"; do
+    # The last field is the read-ahead: every predictor, and the whole next layer for the 48-token prompt
+    # (--ubatch 16 makes three prompt ubatches, so the pilot also guesses for multi-token batches).
+    for run in "guanaco uring 3M direct pilot" "lru threads 3M page-cache pilot" "layer-lru uring 2M page-cache none" \
+               "layer-lru threads 2M direct none" "lfu threads 4M direct pilot" "guanaco threads 3M page-cache pilot" \
+               "layer-lru uring 4M page-cache pilot --ubatch 16"; do
         set -- $run
+        name="$1.$2.$5${6:+.ub}"
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
-            "$LOGITS_DUMP" "$m" "$W/$arch.$1.bin" >"$W/$arch.$1.log" 2>&1
+            GUANACO_PREFETCH=$5 "$LOGITS_DUMP" "$m" "$W/$arch.$name.bin" ${6:+$6 $7} >"$W/$arch.$name.log" 2>&1
         rc=$?
-        grep -q "residency: budget" "$W/$arch.$1.log" && [ $rc -eq 0 ] && cmp -s "$W/$arch.off.bin" "$W/$arch.$1.bin"
-        check "$arch $quant: budget $3, policy $1, io $2, load $4 == off --no-repack" $? \
-            "rc=$rc $(grep -E 'guanaco: (error|residency)' "$W/$arch.$1.log" | head -3)"
+        grep -q "residency: budget" "$W/$arch.$name.log" && [ $rc -eq 0 ] && cmp -s "$W/$arch.off.bin" "$W/$arch.$name.bin"
+        check "$arch $quant: budget $3, policy $1, io $2, load $4, prefetch $5 ${6:-} ${7:-}== off --no-repack" $? \
+            "rc=$rc $(grep -E 'guanaco: (error|residency)' "$W/$arch.$name.log" | head -3)"
+        # page-cache loading with a predictor must really read ahead and use some of it
+        if [ "$4" = page-cache ] && [ "$5" != none ]; then
+            grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'read-ahead [0-9.]* MiB issued, [0-9.]* used' |
+                awk '{ exit !($2 > 0 && $5 > 0) }'
+            check "$arch $quant: $name read ahead and used some of it" $? \
+                "$(grep -o 'read-ahead[^;]*' "$W/$arch.$name.log" | tail -1)"
+        fi
     done
 done
 
@@ -92,6 +103,17 @@ if command -v fincore >/dev/null; then
 else
     echo "SKIP budget-is-real: fincore (util-linux) is not installed"
 fi
+
+# A warm start: the model is in the page cache from the runs above; the second of two runs adopts the experts
+# the first left cached instead of reading them again, and computes the same logits.
+m="$W/qwen3moe-Q8_0.gguf"
+cat "$m" >/dev/null
+GUANACO_STREAMING=1 GUANACO_RAM=3M "$LOGITS_DUMP" "$m" "$W/warm.bin" >"$W/warm.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -qE 'warm start: [1-9][0-9]* experts' "$W/warm.log" && grep -q 'preload: 0 experts' "$W/warm.log" &&
+    cmp -s "$W/qwen3moe.off.bin" "$W/warm.bin"
+check "warm start: cached experts adopted, nothing preloaded from disk, same logits" $? \
+    "rc=$rc $(grep -E 'warm start|preload' "$W/warm.log")"
 
 GUANACO_STREAMING=1 GUANACO_RAM=12Q "$LOGITS_DUMP" "$W/qwen3moe-Q8_0.gguf" "$W/bad.bin" >"$W/bad.log" 2>&1
 rc=$?
