@@ -501,14 +501,14 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
     if (config->prefetch_bytes == 0 || r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
         return 0;
     }
-    /* A run's requests: each tensor's span of the run, cut into PREFETCH_REQUEST_BYTES pieces. */
+    /* A run's requests: each tensor's span of the run, cut into pieces of at least the smaller request size. */
     for (uint32_t l = 0; l < r->n_layer; l++) {
         const struct layer *layer = &r->layers[l];
         uint32_t run_experts = prefetch_run_experts(r, l);
         size_t requests = 0;
         for (uint32_t k = 0; k < layer->n_tensors; k++) {
             uint64_t span = r->tensors[layer->first_tensor + k].stride * run_experts;
-            requests += (size_t)((span + PREFETCH_REQUEST_BYTES - 1) / PREFETCH_REQUEST_BYTES) + 1;
+            requests += (size_t)((span + GUANACO_RESIDENCY_CHUNK_BYTES - 1) / GUANACO_RESIDENCY_CHUNK_BYTES) + 1;
         }
         r->max_run_requests = requests > r->max_run_requests ? requests : r->max_run_requests;
     }
@@ -1135,7 +1135,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
-            for (uint64_t at = a; at < b; at += request_bytes) {
+            for (uint64_t at = a; at < b && run->n_requests < r->max_run_requests; at += request_bytes) {
                 uint64_t length = b - at < request_bytes ? b - at : request_bytes;
                 run->requests[run->n_requests++] = (struct guanaco_io_request){
                     .fd = t->fd, .offset = at, .length = length, .destination = r->prefetch_discard};
