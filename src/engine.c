@@ -43,6 +43,8 @@ static const char *load_name(enum guanaco_residency_load load) {
 
 static double percent(uint64_t part, uint64_t whole) { return whole ? 100.0 * (double)part / (double)whole : 0.0; }
 
+static double per_token(uint64_t ns, uint64_t tokens) { return tokens ? (double)ns / 1e6 / (double)tokens : 0.0; }
+
 /*
  * One residency line over the interval from `before` to `now` (before zeroed: since the start), `tokens`
  * tokens long. The definitions are the README's ("The Guanaco lines").
@@ -62,12 +64,16 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
     uint64_t read_ns = now->read_ns - before->read_ns, stall_ns = now->stall_ns - before->stall_ns;
     uint64_t evictions = now->evictions - before->evictions, churn = now->churn_loads - before->churn_loads;
     guanaco_log_info("%s: %llu tokens, resident %.1f%% of %llu accesses, hot-pinned %.1f%%, %llu loads, "
-                     "%.2f GiB read at %.2f GB/s, stall %.1f ms/token, %llu evictions, churn %.1f%% "
+                     "%.2f GiB read at %.2f GB/s, stall %.1f ms/token (reads %.1f, mapping %.1f, eviction %.1f, read-ahead "
+                     "wait %.1f), %llu evictions, churn %.1f%% "
                      "(reloaded within %u tokens), read-ahead %.1f MiB issued, %.1f used, %.1f wasted, recall %.1f%%, "
                      "hidden %.1f%% of reads%s",
                      what, (unsigned long long)tokens, percent(hits, accesses), (unsigned long long)accesses,
                      percent(now->pinned_hits - before->pinned_hits, accesses), (unsigned long long)loads, gib(bytes),
-                     read_ns ? (double)bytes / (double)read_ns : 0.0, tokens ? (double)stall_ns / 1e6 / (double)tokens : 0.0,
+                     read_ns ? (double)demand / (double)read_ns : 0.0, per_token(stall_ns, tokens),
+                     per_token(read_ns, tokens), per_token(now->populate_ns - before->populate_ns, tokens),
+                     per_token(now->evict_ns - before->evict_ns, tokens),
+                     per_token(now->prefetch_wait_ns - before->prefetch_wait_ns, tokens),
                      (unsigned long long)evictions, percent(churn, evictions), GUANACO_RESIDENCY_CHURN_TOKENS,
                      (double)issued / 1048576.0, (double)used / 1048576.0, (double)wasted / 1048576.0,
                      percent(named, checked), percent(hidden, demand + used), tail);
