@@ -31,7 +31,7 @@ static const char *readahead_name(enum guanaco_readahead readahead) {
 
 static double gib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
 
-uint64_t guanaco_now_ns(void) {
+static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
@@ -100,7 +100,7 @@ static void maybe_log_status(struct guanaco_engine *engine, uint64_t done_before
     log_residency(what, &st, &engine->status_last, done_after - engine->status_last_tokens, tail);
     engine->status_last = st;
     engine->status_last_tokens = done_after;
-    engine->status_last_ns = guanaco_now_ns();
+    engine->status_last_ns = now_ns();
     pthread_mutex_unlock(&engine->status_lock);
 }
 
@@ -324,14 +324,7 @@ static int start_predictor(struct guanaco_engine *engine) {
     const struct guanaco_manifest *m = &engine->manifest;
     uint8_t *moe_layer = calloc((size_t)m->n_layer, 1);
     engine->predicted = calloc((size_t)m->n_expert, sizeof(*engine->predicted));
-    engine->layer_expert_bytes = calloc((size_t)m->n_layer, sizeof(*engine->layer_expert_bytes));
-    if (!engine->layer_expert_bytes) {
-        free(moe_layer);
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        engine->layer_expert_bytes[m->tensors[i].layer] += m->tensors[i].expert_stride;
-    }
+
     engine->predictor_seen = calloc((size_t)m->n_expert, 1);
     if (!moe_layer || !engine->predicted || !engine->predictor_seen) {
         free(moe_layer);
@@ -358,16 +351,12 @@ static int start_predictor(struct guanaco_engine *engine) {
     return 0;
 }
 
-/* The compute window is fitted with this weight per new sample: a few tokens of history. */
-#define COMPUTE_WINDOW_WEIGHT 0.05
-/* Bandwidth assumed before the first demand read has been timed. */
-#define ASSUMED_READ_BYTES_PER_NS 1.0
-/* A guess is read past the disk's idle time only when it is at least this likely: a wrong one then costs
-   disk time that demand reads needed, a right one saves no more than the same time. */
+/* A decode guess is read only when it is at least this likely: a wrong one costs disk time that demand reads
+   need and CPU time that compute needs, a right one saves no more than its own read. */
 #define PREFETCH_SURE_PROBABILITY 0.5
 
 void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
-                               const int32_t *ids, int k, int n_tokens, uint64_t token, uint64_t compute_ns) {
+                               const int32_t *ids, int k, int n_tokens, uint64_t token) {
     if (!engine->predictor || k <= 0 || n_tokens <= 0) {
         return;
     }
@@ -388,12 +377,6 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
             }
         }
         size_t n = 0, n_read = 0;
-        if (compute_ns) {
-            engine->layer_compute_ns = engine->layer_compute_ns > 0
-                                           ? engine->layer_compute_ns +
-                                                 COMPUTE_WINDOW_WEIGHT * ((double)compute_ns - engine->layer_compute_ns)
-                                           : (double)compute_ns;
-        }
         if (4 * distinct >= 3 * n_expert) {
             /* a prompt: the next layer will need nearly all its experts too, read in file order */
             for (uint32_t e = 0; e < n_expert; e++) {
@@ -403,22 +386,14 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
         } else {
             n = guanaco_predictor_predict(engine->predictor, (uint32_t)layer, ids, (uint32_t)k, (uint32_t)n_tokens,
                                           engine->predicted, n_expert);
-            /* A guess may be wrong, so it is read only into the time the disk would idle while this layer
-               computes, or past it when it is likely enough: read-ahead throttles itself on a busy disk. */
-            struct guanaco_residency_stats st;
-            guanaco_residency_get_stats(engine->residency, &st);
-            double bandwidth = st.read_ns ? (double)st.bytes_read / (double)st.read_ns : ASSUMED_READ_BYTES_PER_NS;
-            double idle_bytes = bandwidth * engine->layer_compute_ns, bytes = 0;
-            const double expert_bytes = (double)engine->layer_expert_bytes[next];
+            /* A wrong guess costs more than disk time: its bytes are copied into the page cache by the CPU
+               the layers compute on (on 2 cores, filling the disk's idle time with the pilot's best guesses
+               made decode 15% slower). So a guess is read only when it is likely enough to pay. */
             for (; n_read < n; n_read++) {
-                if (guanaco_residency_is_resident(engine->residency, next, engine->predicted[n_read])) {
-                    continue; /* costs nothing */
-                }
-                if (bytes + expert_bytes > idle_bytes &&
+                if (!guanaco_residency_is_resident(engine->residency, next, engine->predicted[n_read]) &&
                     guanaco_predictor_probability(engine->predictor, n_read, n) < PREFETCH_SURE_PROBABILITY) {
                     break;
                 }
-                bytes += expert_bytes;
             }
         }
         /* under the lock: the guess lives in the engine's scratch */
@@ -550,7 +525,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
                      gib(budget), gib(m->expert_bytes), 100.0 * (double)budget / (double)m->expert_bytes,
                      o->max_experts, guanaco_policy_kind_name(config.policy), guanaco_io_backend_name(config.io_backend),
                      load_name(started.load), prefetch, o->status_every);
-    engine->status_last_ns = guanaco_now_ns();
+    engine->status_last_ns = now_ns();
     return 0;
 }
 
@@ -572,7 +547,7 @@ static int preload(struct guanaco_engine *engine, uint64_t budget) {
     if (!ids) {
         return -ENOMEM;
     }
-    uint64_t start = guanaco_now_ns();
+    uint64_t start = now_ns();
     int err = 0;
     for (int layer = 0; layer < m->n_layer && err == 0 && n; layer++) {
         if (!engine->moe_layer_of[layer]) {
@@ -591,7 +566,7 @@ static int preload(struct guanaco_engine *engine, uint64_t budget) {
         }
         err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, count, 0);
     }
-    double seconds = (double)(guanaco_now_ns() - start) / 1e9;
+    double seconds = (double)(now_ns() - start) / 1e9;
     guanaco_residency_get_stats(engine->residency, &engine->after_preload);
     engine->status_last = engine->after_preload;
     if (err == 0) {
@@ -793,7 +768,6 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
         pthread_mutex_destroy(&engine->predictor_lock);
     }
     free(engine->predicted);
-    free(engine->layer_expert_bytes);
     free(engine->predictor_seen);
     for (int s = 0; engine->shard_fds && s < engine->manifest.n_shards; s++) {
         if (engine->shard_fds[s] >= 0) {

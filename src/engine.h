@@ -47,8 +47,6 @@ struct guanaco_engine {
     pthread_mutex_t predictor_lock;            /* the predictor and the two scratch arrays below */
     uint32_t *predicted;                       /* n_expert: the guess handed to the residency engine */
     uint8_t *predictor_seen;                   /* n_expert: distinct ids of the current layer */
-    uint64_t *layer_expert_bytes;              /* n_layer: bytes of one expert, all its slices */
-    double layer_compute_ns;                   /* decayed mean of compute_ns between MoE layers */
 };
 
 /* Record one router decision of context `sequence` to --guanaco-trace-out, if on. */
@@ -68,16 +66,12 @@ int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const
  * After `layer` is prepared: teach the predictor the transition from the
  * context's previous MoE layer (prev_layer < 0: none), then start reading
  * what it predicts for the next MoE layer. A ubatch that needs most of the
- * layer (a prompt) reads the whole next layer ahead instead. compute_ns is
- * the time the context spent computing since its previous MoE layer (0 when
- * unknown): a guess reads at most what the disk can read in that time, so
- * read-ahead fills the disk's idle time and never delays demand reads.
+ * layer (a prompt) reads the whole next layer ahead instead; a decode guess
+ * is read only when it is likely enough to pay for itself.
  */
 void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
-                               const int32_t *ids, int k, int n_tokens, uint64_t token, uint64_t compute_ns);
+                               const int32_t *ids, int k, int n_tokens, uint64_t token);
 
-/* CLOCK_MONOTONIC in nanoseconds. */
-uint64_t guanaco_now_ns(void);
 
 /* Count one router decision: `n_tokens` rows of `k` expert ids for `layer`. */
 void guanaco_engine_count_routing(struct guanaco_engine *engine, int layer, const int32_t *ids, int k,

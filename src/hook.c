@@ -35,7 +35,6 @@ struct guanaco_hook {
     size_t device_copy_capacity;
     int previous_layer;  /* the MoE layer this context routed last, -1 before any */
     int previous_tokens; /* the rows of its ids */
-    uint64_t previous_done_ns; /* when this context's previous MoE layer was prepared: compute starts there */
     int32_t *previous_ids; /* its ids: the predictor learns from layer to layer of the same tokens */
     size_t previous_capacity; /* in bytes */
 };
@@ -136,7 +135,6 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
         return layer >= 0 || user_wants;
     }
     if (layer >= 0) {
-        const uint64_t arrived_ns = guanaco_now_ns();
         int k = 0, n_tokens = 0;
         if (read_router_ids(hook, t, &k, &n_tokens) == 0) {
             if (hook->engine->replay.n_records && k == hook->engine->manifest.n_expert_used) {
@@ -152,11 +150,8 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
             }
             const size_t n_ids = (size_t)k * (size_t)n_tokens;
             bool same_tokens = hook->previous_layer >= 0 && hook->previous_tokens == n_tokens;
-            /* what ran between our two calls is the compute a read-ahead can hide behind */
             guanaco_engine_read_ahead(hook->engine, same_tokens ? hook->previous_layer : -1, hook->previous_ids,
-                                      layer, hook->ids, k, n_tokens, hook->rows_seen[layer],
-                                      same_tokens ? arrived_ns - hook->previous_done_ns : 0);
-            hook->previous_done_ns = guanaco_now_ns();
+                                      layer, hook->ids, k, n_tokens, hook->rows_seen[layer]);
             if (grow((void **)&hook->previous_ids, &hook->previous_capacity, n_ids * sizeof(int32_t)) == 0) {
                 memcpy(hook->previous_ids, hook->ids, n_ids * sizeof(int32_t));
                 hook->previous_layer = layer;

@@ -435,6 +435,35 @@ static void test_oversubscription_and_capacity(void) {
     }
 }
 
+/* A reserve for read-ahead lowers the budget rule for every kind, never below what the protected layer needs,
+   and giving it back lets the next access keep more. */
+static void test_reserve(void) {
+    uint64_t bytes[2] = {10, 10};
+    for (size_t i = 0; i < N_KINDS; i++) {
+        struct guanaco_policy *policy = make_policy(all_kinds[i], 2, 16, bytes, 60, 0);
+        uint32_t ids[6] = {0, 1, 2, 3, 4, 5}, missing[6], layers[16], experts[16];
+        size_t n_missing, n_victims;
+        CHECK(guanaco_policy_access(policy, 0, ids, 3, 0, missing, &n_missing) == 0);
+        CHECK(guanaco_policy_access(policy, 1, ids, 3, 1, missing, &n_missing) == 0);
+        CHECK(guanaco_policy_evict(policy, 1, layers, experts, 16, &n_victims) == 0 && n_victims == 0);
+        CHECK(guanaco_policy_resident_bytes(policy) == 60);
+        guanaco_policy_set_reserve(policy, 25);
+        CHECK(guanaco_policy_evict(policy, 1, layers, experts, 16, &n_victims) == 0 && n_victims == 3);
+        CHECK(guanaco_policy_resident_bytes(policy) == 30); /* 60 - 25 rounds down to whole experts */
+        for (uint32_t e = 0; e < 3; e++) {
+            CHECK(guanaco_policy_is_resident(policy, 1, e)); /* the protected layer kept its experts */
+        }
+        guanaco_policy_set_reserve(policy, 60); /* more than the budget: only the protected layer stays */
+        CHECK(guanaco_policy_evict(policy, 1, layers, experts, 16, &n_victims) == 0 && n_victims == 0);
+        CHECK(guanaco_policy_resident_bytes(policy) == 30);
+        guanaco_policy_set_reserve(policy, 0);
+        CHECK(guanaco_policy_access(policy, 0, ids + 3, 3, 2, missing, &n_missing) == 0 && n_missing == 3);
+        CHECK(guanaco_policy_evict(policy, 0, layers, experts, 16, &n_victims) == 0 && n_victims == 0);
+        CHECK(guanaco_policy_resident_bytes(policy) == 60);
+        guanaco_policy_free(policy);
+    }
+}
+
 static void test_cap(void) {
     uint64_t bytes[2] = {10, 10};
     for (size_t i = 0; i < N_KINDS; i++) {
@@ -822,6 +851,7 @@ int main(void) {
     test_lru_victims();
     test_lfu_and_layer_lru_victims();
     test_oversubscription_and_capacity();
+    test_reserve();
     test_cap();
     test_guanaco_hint();
     test_guanaco_pin_cools();
