@@ -116,7 +116,11 @@ void guanaco_io_inject_fault(struct guanaco_io *io, uint64_t after_bytes, int er
 
 /* ---- the job cursor and queues, shared by both backends (io->lock held) ---- */
 
-static unsigned chunk_limit(const struct guanaco_io *io, bool direct) {
+static unsigned chunk_limit(const struct guanaco_io *io, bool direct, bool advise) {
+    if (advise) {
+        /* the kernel reads at most max(read_ahead_kb, max_sectors_kb) per WILLNEED: stay under both defaults */
+        return io->max_chunk_bytes < GUANACO_IO_ADVISE_BYTES ? io->max_chunk_bytes : GUANACO_IO_ADVISE_BYTES;
+    }
     if (!direct) {
         return io->max_chunk_bytes;
     }
@@ -134,7 +138,7 @@ static int check_request(struct guanaco_io_job *job, struct guanaco_io_request *
         return -EBADF;
     }
     /* pread takes a signed off_t: the whole range must fit in it. */
-    if (!r->destination || r->offset > (uint64_t)INT64_MAX || r->length > (uint64_t)INT64_MAX - r->offset) {
+    if (r->offset > (uint64_t)INT64_MAX || r->length > (uint64_t)INT64_MAX - r->offset) {
         return -EINVAL;
     }
     if (r->fd != job->checked_fd) {
@@ -144,6 +148,9 @@ static int check_request(struct guanaco_io_job *job, struct guanaco_io_request *
         }
         job->checked_fd = r->fd;
         job->checked_direct = (flags & O_DIRECT) != 0;
+    }
+    if (job->checked_direct && !r->destination) {
+        return -EINVAL; /* O_DIRECT bypasses the page cache: there is nothing to fill */
     }
     if (job->checked_direct) {
         const uint64_t a = GUANACO_IO_DIRECT_ALIGNMENT;
@@ -231,7 +238,7 @@ static bool job_next_chunk(const struct guanaco_io *io, struct guanaco_io_job *j
     }
     struct guanaco_io_request *r = &job->requests[job->next_request];
     uint64_t remaining = r->length - job->next_offset;
-    uint64_t limit = chunk_limit(io, job->checked_direct);
+    uint64_t limit = chunk_limit(io, job->checked_direct, r->destination == NULL);
     *c = (struct chunk){
         .job = job,
         .urgent = job->urgent,
@@ -240,7 +247,7 @@ static bool job_next_chunk(const struct guanaco_io *io, struct guanaco_io_job *j
         .direct = job->checked_direct,
         .offset = r->offset + job->next_offset,
         .job_position = job->request_base + job->next_offset,
-        .destination = (char *)r->destination + job->next_offset,
+        .destination = r->destination ? (char *)r->destination + job->next_offset : NULL,
         .length = remaining < limit ? remaining : limit,
     };
     job->next_offset += c->length;
@@ -324,6 +331,9 @@ static int64_t apply_fault(struct guanaco_io *io, const struct chunk *c, int64_t
  * complete, or the -errno it failed with.
  */
 static int chunk_advance(struct guanaco_io *io, struct chunk *c, int64_t result) {
+    if (!c->destination && result == 0) {
+        result = (int64_t)(c->length - c->done); /* a WILLNEED that was accepted covers its whole range */
+    }
     if (result > 0) {
         result = apply_fault(io, c, result);
     }
@@ -380,7 +390,11 @@ static void uring_prepare(struct guanaco_io *io, unsigned slot) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
     /* Never NULL: at most queue_depth reads and the wake-up read are in the ring, which has that many entries. */
     const struct chunk *c = &io->slots[slot];
-    io_uring_prep_read(sqe, c->fd, c->destination + c->done, (unsigned)(c->length - c->done), c->offset + c->done);
+    if (!c->destination) {
+        io_uring_prep_fadvise(sqe, c->fd, c->offset + c->done, (off_t)(c->length - c->done), POSIX_FADV_WILLNEED);
+    } else {
+        io_uring_prep_read(sqe, c->fd, c->destination + c->done, (unsigned)(c->length - c->done), c->offset + c->done);
+    }
     io_uring_sqe_set_data64(sqe, slot);
 }
 
@@ -500,7 +514,8 @@ static int uring_create(struct guanaco_io *io) {
     io->ring_ready = true;
     /* IORING_OP_READ arrived in Linux 5.6; on an older ring every read would fail with EINVAL. */
     struct io_uring_probe *probe = io_uring_get_probe_ring(&io->ring);
-    bool can_read = probe && io_uring_opcode_supported(probe, IORING_OP_READ);
+    bool can_read = probe && io_uring_opcode_supported(probe, IORING_OP_READ) &&
+                    io_uring_opcode_supported(probe, IORING_OP_FADVISE);
     io_uring_free_probe(probe);
     if (!can_read) {
         return -ENOSYS;
@@ -541,8 +556,17 @@ static void uring_wake(struct guanaco_io *io) {
 /* Reads one chunk with blocking preads until it is complete or failed. */
 static int read_chunk(struct guanaco_io *io, struct chunk *c) {
     for (;;) {
-        ssize_t got = pread(c->fd, c->destination + c->done, (size_t)(c->length - c->done), (off_t)(c->offset + c->done));
-        int state = chunk_advance(io, c, got < 0 ? -(int64_t)errno : (int64_t)got);
+        int64_t got;
+        if (!c->destination) {
+            int err = posix_fadvise(c->fd, (off_t)(c->offset + c->done), (off_t)(c->length - c->done),
+                                    POSIX_FADV_WILLNEED);
+            got = err ? -(int64_t)err : (int64_t)(c->length - c->done);
+        } else {
+            ssize_t n = pread(c->fd, c->destination + c->done, (size_t)(c->length - c->done),
+                              (off_t)(c->offset + c->done));
+            got = n < 0 ? -(int64_t)errno : (int64_t)n;
+        }
+        int state = chunk_advance(io, c, got);
         if (state != 1) {
             return state;
         }

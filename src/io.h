@@ -29,6 +29,10 @@ enum guanaco_io_backend { GUANACO_IO_URING, GUANACO_IO_THREADS };
 /* Offsets, lengths and destinations on an O_DIRECT fd must be multiples of this. */
 #define GUANACO_IO_DIRECT_ALIGNMENT 4096u
 
+/* A request with no destination fills the page cache without copying (POSIX_FADV_WILLNEED), in pieces of
+   at most this size: the kernel reads at most max(read_ahead_kb, max_sectors_kb) per call. */
+#define GUANACO_IO_ADVISE_BYTES (128u << 10)
+
 /* Limits checked by guanaco_io_create. */
 #define GUANACO_IO_MAX_QUEUE_DEPTH 1024u
 #define GUANACO_IO_MAX_CHUNK_BYTES (1u << 30) /* below Linux's 0x7ffff000 cap on one read */
@@ -37,6 +41,8 @@ struct guanaco_io_request {
     int fd;
     uint64_t offset;
     uint64_t length;
+    /* NULL: only start reading the range into the page cache, with no copy (not on an O_DIRECT fd). The
+       request completes once the reads are issued; whoever maps the pages then waits for them. */
     void *destination;
     int result; /* 0 or -errno, filled on completion */
 };

@@ -44,7 +44,7 @@
 #define POPULATE_RETRIES 100
 /* Pages per edge read slot: a slice with no whole page inside spans at most two. */
 #define EDGE_SLOT_PAGES 2
-/* Read-ahead requests are at most this long: large sequential reads, one discard buffer. */
+/* Read-ahead requests of a prompt are at most this long (io.c cuts them for the kernel). */
 #define PREFETCH_REQUEST_BYTES (8u << 20)
 /* VMAs left to the rest of the process when LOAD_DIRECT sizes its worst case against vm.max_map_count. */
 #define VMA_RESERVE 8192
@@ -71,13 +71,14 @@ struct shard {
     char name[256];
 };
 
-/* Experts of one layer read ahead in one job; their requests land in the discard buffer. */
+/* Experts of one layer read ahead in one job, into the page cache. */
 struct prefetch_run {
     bool active;
     uint32_t layer, first_expert, n_experts;
     uint64_t bytes;
     struct guanaco_io_job job;
     struct guanaco_io_request *requests; /* max_run_requests */
+    const char **addresses;              /* max_run_requests: where each request's first byte is mapped */
     size_t n_requests;
 };
 
@@ -114,8 +115,6 @@ struct guanaco_residency {
     struct guanaco_io_request *requests;
     uint32_t *request_missing; /* which missing expert (index into missing) each request belongs to */
     size_t request_capacity;
-    char *scratch; /* scratch_chunks chunks: the reads' destination, content discarded */
-    size_t scratch_chunks;
     /* LOAD_DIRECT: per (missing expert, tensor) the anonymous buffer its interior pages are read into, and
        two EDGE_SLOT_PAGES slots each for its partial edge pages (content discarded: the page cache is the point) */
     char **staging;
@@ -131,7 +130,6 @@ struct guanaco_residency {
     size_t max_run_requests;
     uint64_t prefetch_allowance;   /* most bytes read ahead at once; 0 = prefetch off */
     uint64_t prefetch_outstanding; /* bytes of active runs: the policy's reserve */
-    char *prefetch_discard;        /* PREFETCH_REQUEST_BYTES: every read-ahead lands here, content discarded */
     uint32_t *prediction_stamp;    /* n_layer * n_expert: the prediction that last named the slot */
     uint32_t *layer_prediction;    /* n_layer: the prediction for the layer's next call, 0 = none */
     uint32_t predictions;
@@ -294,12 +292,12 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     }
     for (uint32_t i = 0; r->runs && i < r->n_runs; i++) {
         free(r->runs[i].requests);
+        free(r->runs[i].addresses);
     }
     free(r->runs);
     free(r->run_of_slot);
     free(r->prediction_stamp);
     free(r->layer_prediction);
-    free(r->prefetch_discard);
     guanaco_io_destroy(r->io);
     guanaco_policy_free(r->policy);
     pthread_mutex_destroy(&r->lock);
@@ -318,7 +316,6 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->policy_missing);
     free(r->requests);
     free(r->request_missing);
-    free(r->scratch);
     free(r->audit_vector);
     free(r);
 }
@@ -423,13 +420,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->request_capacity = (size_t)most_requests;
     r->requests = calloc(most_requests ? most_requests : 1, sizeof(*r->requests));
     r->request_missing = calloc(most_requests ? most_requests : 1, sizeof(*r->request_missing));
-    /* Never more than one call can use: a small model does not pay for the default. */
-    uint64_t scratch_bytes = config->scratch_bytes ? config->scratch_bytes : GUANACO_RESIDENCY_SCRATCH_BYTES;
-    uint64_t chunks = scratch_bytes / GUANACO_RESIDENCY_CHUNK_BYTES;
-    chunks = chunks < r->request_capacity ? chunks : r->request_capacity;
-    r->scratch_chunks = chunks ? (size_t)chunks : 1;
-    r->scratch = malloc(r->scratch_chunks * (size_t)GUANACO_RESIDENCY_CHUNK_BYTES);
-    if (!r->requests || !r->request_missing || !r->scratch) {
+    if (!r->requests || !r->request_missing) {
         err = -ENOMEM;
         goto fail;
     }
@@ -516,13 +507,13 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
     r->n_runs = 2 * r->n_expert;
     r->runs = calloc(r->n_runs, sizeof(*r->runs));
     r->run_of_slot = calloc(slots, sizeof(*r->run_of_slot));
-    r->prefetch_discard = malloc(PREFETCH_REQUEST_BYTES);
-    if (!r->runs || !r->run_of_slot || !r->prefetch_discard) {
+    if (!r->runs || !r->run_of_slot) {
         return -ENOMEM;
     }
     for (uint32_t i = 0; i < r->n_runs; i++) {
         r->runs[i].requests = calloc(r->max_run_requests ? r->max_run_requests : 1, sizeof(*r->runs[i].requests));
-        if (!r->runs[i].requests) {
+        r->runs[i].addresses = calloc(r->max_run_requests ? r->max_run_requests : 1, sizeof(*r->runs[i].addresses));
+        if (!r->runs[i].requests || !r->runs[i].addresses) {
             return -ENOMEM;
         }
     }
@@ -739,9 +730,8 @@ static void add_request(struct guanaco_residency *r, size_t *n_requests, int fd,
     r->request_missing[(*n_requests)++] = (uint32_t)missing_index;
 }
 
-/* PAGE_CACHE: every slice in chunks, all in one job. The data is never looked at, the page cache fill is
- * the point, so requests share the scratch's chunks round-robin: two reads in flight into one chunk only
- * scramble bytes nobody reads. */
+/* PAGE_CACHE: every slice in chunks, all in one job, with no destination: the kernel reads them into the
+ * page cache (WILLNEED) without a copy to user memory, and mapping them (populate) waits for the disk. */
 static size_t page_cache_requests(struct guanaco_residency *r, const struct layer *l, size_t n) {
     size_t n_requests = 0;
     for (size_t i = 0; i < n; i++) {
@@ -752,7 +742,7 @@ static size_t page_cache_requests(struct guanaco_residency *r, const struct laye
                 uint64_t left = t->stride - done;
                 add_request(r, &n_requests, t->fd, a + done,
                             left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
-                            r->scratch + (n_requests % r->scratch_chunks) * (size_t)GUANACO_RESIDENCY_CHUNK_BYTES, i);
+                            NULL, i);
             }
         }
     }
@@ -953,7 +943,12 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
             }
         }
     }
-    r->stats.populate_ns += now_ns() - read_end;
+    /* PAGE_CACHE: the job only issued the reads; mapping waited for the disk, so that is read time too */
+    if (direct) {
+        r->stats.populate_ns += now_ns() - read_end;
+    } else {
+        r->stats.read_ns += now_ns() - read_end;
+    }
     return first_error;
 }
 
@@ -966,6 +961,23 @@ static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, u
 }
 
 /* ---- read-ahead ---- */
+
+static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t e);
+
+/*
+ * A cancelled run's requests that were issued may still be reading into the page cache, and a page under
+ * I/O cannot be dropped: map what was issued (which waits for it) so the drop that follows finds it.
+ */
+static void settle_issued(struct guanaco_residency *r, const struct prefetch_run *run) {
+    for (size_t q = 0; q < run->n_requests; q++) {
+        const struct guanaco_io_request *req = &run->requests[q];
+        if (req->result == 0 && req->length) {
+            uint64_t a = page_down(r, (uint64_t)(uintptr_t)run->addresses[q]);
+            uint64_t b = page_up(r, (uint64_t)(uintptr_t)run->addresses[q] + req->length);
+            (void)populate(r, (const char *)(uintptr_t)a, b - a);
+        }
+    }
+}
 
 static void release_run(struct guanaco_residency *r, struct prefetch_run *run) {
     for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts; e++) {
@@ -1001,13 +1013,13 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
             r->stats.prefetch_wasted_bytes += guanaco_io_cancel(r->io, &run->job);
             r->stats.prefetch_wasted_experts += run->n_experts;
             release_run(r, run);
+            settle_issued(r, run);
             for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts; e++) {
                 (void)drop_expert(r, layer, e);
             }
             continue;
         }
         uint64_t wait_start = now_ns();
-        bool hidden = guanaco_io_poll(r->io, &run->job);
         int err = guanaco_io_wait(r->io, &run->job);
         r->stats.prefetch_wait_ns += now_ns() - wait_start;
         release_run(r, run);
@@ -1016,9 +1028,12 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
             if (r->seen_call[e] != call) {
                 r->stats.prefetch_wasted_bytes += per_expert;
                 r->stats.prefetch_wasted_experts++;
+                (void)populate_slices(r, l, e); /* waits for its reads, so the drop finds nothing in flight */
                 (void)drop_expert(r, layer, e);
                 continue;
             }
+            /* the reads were issued at once; whether the disk had answered shows in the page cache */
+            bool hidden = expert_cached(r, layer, e);
             if (err == 0 && populate_slices(r, l, e) == 0) {
                 admit_loaded(r, layer, e, token);
                 r->stats.prefetch_used_bytes += per_expert;
@@ -1131,14 +1146,16 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
             count++;
         }
         *run = (struct prefetch_run){.active = true, .layer = layer, .first_expert = first, .n_experts = count,
-                                     .bytes = (uint64_t)count * expert_bytes, .requests = run->requests};
+                                     .bytes = (uint64_t)count * expert_bytes, .requests = run->requests,
+                                     .addresses = run->addresses};
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
             for (uint64_t at = a; at < b && run->n_requests < r->max_run_requests; at += request_bytes) {
                 uint64_t length = b - at < request_bytes ? b - at : request_bytes;
+                run->addresses[run->n_requests] = address_of(t, at);
                 run->requests[run->n_requests++] = (struct guanaco_io_request){
-                    .fd = t->fd, .offset = at, .length = length, .destination = r->prefetch_discard};
+                    .fd = t->fd, .offset = at, .length = length, .destination = NULL};
             }
         }
         for (uint32_t e = first; e < first + count; e++) {

@@ -27,9 +27,9 @@
  * eviction, so the peak is max(budget, W) + W with W the largest layer's
  * working set: budget + W whenever the budget holds one working set. Page
  * rounding adds at most 2 pages per resident slice, plus the 2 pages per
- * expert tensor above. The engine itself holds a scratch buffer of up to
- * scratch_bytes that the reads land in (their content is discarded: only the
- * page cache fill matters).
+ * expert tensor above. PAGE_CACHE reads have no destination: the kernel
+ * fills the page cache directly (POSIX_FADV_WILLNEED, no copy through user
+ * memory), and mapping the pages waits for them.
  *
  * A read error, a short file (-ENODATA) or a failed populate returns the
  * error from prepare_layer and leaves that expert non-resident (in the
@@ -63,9 +63,6 @@
 
 /* Reads are cut into chunks of this size. */
 #define GUANACO_RESIDENCY_CHUNK_BYTES (1u << 20)
-/* The reads' destination (content discarded) by default: one batch of reads is as many chunks as
-   fit (at least one), and it is never larger than what one call can read. */
-#define GUANACO_RESIDENCY_SCRATCH_BYTES (64u << 20)
 /* queue_depth when the config leaves it 0. */
 #define GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH 16u
 /* An expert loaded again within this many tokens of its eviction counts as churn. */
@@ -111,7 +108,6 @@ struct guanaco_residency_config {
     enum guanaco_policy_kind policy;
     enum guanaco_io_backend io_backend;
     unsigned queue_depth;           /* 0 = GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH */
-    uint64_t scratch_bytes;         /* 0 = GUANACO_RESIDENCY_SCRATCH_BYTES; below queue_depth MiB starves the queue */
     enum guanaco_residency_load load;
     uint64_t prefetch_bytes;        /* most bytes read ahead at once, inside the budget; 0 = no read-ahead */
 };
@@ -122,7 +118,8 @@ struct guanaco_residency_stats {
     uint64_t load_failures;         /* accesses whose read or populate failed: accesses = hits + loads + failures */
     uint64_t invalid_ids;           /* ids outside [0, n_expert): counted, never used */
     uint64_t stall_ns;              /* time spent inside prepare_layer, of which: */
-    uint64_t read_ns, populate_ns, evict_ns; /* the batch of reads, MADV_POPULATE_READ, dropping victims */
+    uint64_t read_ns, populate_ns, evict_ns; /* the reads (PAGE_CACHE: until mapped, as mapping waits for the
+                                                disk), DIRECT's placing and mapping, dropping victims */
     uint64_t resident_bytes;        /* accounting */
     uint64_t peak_resident_bytes;   /* highest accounting, reached between the reads and the eviction */
     uint64_t churn_loads;           /* loads of an expert evicted at most GUANACO_RESIDENCY_CHURN_TOKENS before */

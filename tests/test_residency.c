@@ -410,10 +410,10 @@ static size_t draw_ids(int32_t *ids, uint32_t n_tokens, uint32_t k, bool skewed)
 
 static void run_stream(const struct model *m, enum guanaco_io_backend io, enum guanaco_policy_kind policy,
                        uint64_t budget, uint32_t cap, uint32_t tokens, uint32_t batch, uint32_t k, bool skewed,
-                       uint64_t scratch_bytes) {
+                       uint32_t queue_depth) {
     drop_whole_file(m);
     struct guanaco_residency_config config = config_of(m, budget, cap, policy, io);
-    config.scratch_bytes = scratch_bytes;
+    config.queue_depth = queue_depth ? queue_depth : config.queue_depth;
     struct guanaco_residency *r = NULL;
     int ret = guanaco_residency_create(&config, &r);
     CHECK(ret == 0);
@@ -448,10 +448,8 @@ static void run_stream(const struct model *m, enum guanaco_io_backend io, enum g
     CHECK(st.expert_loads >= st.evictions);
     CHECK(st.peak_resident_bytes >= st.resident_bytes);
     CHECK(st.stall_ns > 0);
-    char scratch[32] = "default scratch";
-    if (scratch_bytes) {
-        snprintf(scratch, sizeof(scratch), "%llu MiB scratch", (unsigned long long)(scratch_bytes >> 20));
-    }
+    char scratch[32];
+    snprintf(scratch, sizeof(scratch), "queue depth %u", config.queue_depth);
     printf("  %-8s %-9s budget %5.1f%% cap %2u batch %u top-%u %-7s %s: %llu accesses, %.0f%% hits, %llu loads, "
            "%llu evictions, %.1f MB read\n",
            guanaco_io_backend_name(io), guanaco_policy_kind_name(policy),
@@ -792,7 +790,7 @@ int main(void) {
                load_mode == GUANACO_RESIDENCY_LOAD_DIRECT ? "direct" : "page-cache");
         /* random and skewed routing under a budget of 30% */
         run_stream(&m, io, GUANACO_POLICY_GUANACO, all * 3 / 10, 0, 12, 1, 4, false, 0);
-        run_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 0, 12, 2, 4, true, 3 << 20); /* several batches */
+        run_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 0, 12, 2, 4, true, 3); /* a shallow queue */
         run_stream(&m, io, GUANACO_POLICY_LRU, all / 4, 0, 8, 1, 6, false, 0);
         run_stream(&m, io, GUANACO_POLICY_LFU, all / 4, 0, 8, 3, 2, true, 0);
         /* a budget below one layer's working set: load, then evict back down */
