@@ -71,8 +71,10 @@
 /*
  * How a missing expert becomes resident.
  *
- * PAGE_CACHE: buffered reads of its slices fill the page cache, then
- * MADV_POPULATE_READ maps them; eviction is MADV_DONTNEED + FADV_DONTNEED.
+ * PAGE_CACHE: the kernel reads its slices into the page cache (io.h
+ * requests without a destination: WILLNEED, no copy), then
+ * MADV_POPULATE_READ maps them, waiting for the disk; eviction is
+ * MADV_DONTNEED + FADV_DONTNEED.
  *
  * DIRECT: the whole pages inside each slice are read with O_DIRECT (no page
  * cache, no copy) into a fresh anonymous buffer, which is made read-only and
