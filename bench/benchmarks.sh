@@ -25,6 +25,8 @@ MIXTRAL="$DIR/mixtral-8x7b-Q4_0.gguf"
 MIXTRAL_8L="$DIR/mixtral-8x7b-8L-Q4_0.gguf"   # 8 of 32 layers, fits in RAM: in-RAM compute x 4
 TRACES=("$DIR/mixtral-humaneval.trace" "$DIR/mixtral-gsm8k.trace")
 QWEN_PRESET="$DIR/qwen3-preset.trace"
+QWEN24="$DIR/qwen3-30b-a3b-24L-Q8_0.gguf"      # the pipeline's model: the 16.5 GB shape
+QWEN24_PRESET="$DIR/qwen3-preset-24L.trace"
 
 model() { # model PATH ARGS...: write a synthetic model once
     local path=$1; shift
@@ -41,6 +43,8 @@ if [ "${1:-}" != --assemble ]; then
             "$DIR/mixtral-$name.trace" --arch llama --n-expert 8 >/dev/null
     done
     "$BIN/guanaco-tracegen" --preset qwen3-30b-a3b -o "$QWEN_PRESET" >"$DIR/qwen3-preset.stats"
+    model "$QWEN24" --preset qwen3-30b-a3b --quant Q8_0 --n-layer 24
+    "$BIN/guanaco-tracegen" --preset qwen3-30b-a3b --n-layer 24 -o "$QWEN24_PRESET" >/dev/null
 
     # ---- simulator: miss-ratio curves against Belady ----
     "$BIN/guanaco-sim" --trace "${TRACES[0]}" --trace "${TRACES[1]}" --shape mixtral-8x7b --budgets 10%,12.5%,25%,37.5%,50%,75%,100% \
@@ -86,6 +90,14 @@ if [ "${1:-}" != --assemble ]; then
         --compute-ms "$mixtral_ms" --out "$DIR/mixtral-prefetch-ab" \
         --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing, 25%: prefetch none against pilot"
     bash "$ROOT/bench/overhead.sh" --model "$QWEN" >"$DIR/overhead.txt"
+    # the pipeline: prefetch none against pilot, prompt and decode, replayed and own routing; the warm start
+    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --replay "$QWEN24_PRESET" --budgets 25 \
+        --variants "ram plain guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 32 --prompt 256 --reps 3 \
+        --out "$DIR/qwen3-24-pipeline" --title "Qwen3-30B-A3B shape, 24 layers, Q8_0, replayed Qwen3 preset routing, 25%: prefetch none against pilot"
+    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --budgets 25 \
+        --variants "ram plain guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 32 --prompt 256 --reps 3 \
+        --out "$DIR/qwen3-24-own" --title "Qwen3-30B-A3B shape, 24 layers, Q8_0, the model's own routing, 25%: prefetch none against pilot"
+    bash "$ROOT/bench/warm_start.sh" --model "$QWEN24" --ram 16G --reps 3 >"$DIR/warm-start.txt"
 fi
 
 # ---- assemble ----
@@ -99,6 +111,7 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     echo "model read into the page cache first, no binding limit). Absolute times on this shared machine are"
     echo "noise; read the ratios."
     echo
+    section "$ROOT/bench/PIPELINE.md"
     echo "## Simulator: hit rate against Belady's optimum"
     echo
     echo "### Recorded Mixtral routing (humaneval + gsm8k, 585 tokens)"
@@ -121,7 +134,8 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     echo
     echo "## Live, side by side"
     echo
-    for run in qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab qwen3-prefetch-ab mixtral-prefetch-ab; do
+    for run in qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab qwen3-prefetch-ab mixtral-prefetch-ab \
+               qwen3-24-pipeline qwen3-24-own; do
         if [ -f "$DIR/$run/report.md" ]; then
             sed 's/^## /### /' "$DIR/$run/report.md"
             # a plot needs more than one budget
@@ -141,6 +155,14 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
         echo
         echo '```'
         cat "$DIR/overhead.txt"
+        echo '```'
+        echo
+    fi
+    if [ -f "$DIR/warm-start.txt" ]; then
+        echo "## Warm start: time to first token with the model already in the page cache"
+        echo
+        echo '```'
+        cat "$DIR/warm-start.txt"
         echo '```'
         echo
     fi
