@@ -40,6 +40,16 @@ static void test_options(void) {
     /* the residency defaults the README states */
     CHECK(options.load == GUANACO_LOAD_PAGE_CACHE && options.status_every == GUANACO_DEFAULT_STATUS_EVERY &&
           options.audit && options.preload && options.io == 0 /* uring */ && options.policy == 2 /* layer-lru */);
+    /* read-ahead is on by default with the pilot predictor and its own default mass */
+    CHECK(options.prefetch == 1 /* pilot */ && options.pilot_mass == 0.0);
+    setenv("GUANACO_PREFETCH", "none", 1);
+    setenv("GUANACO_PILOT_MASS", "0.9", 1);
+    CHECK(guanaco_options_get(&options) == 0 && options.prefetch == 0 && options.pilot_mass > 0.8999 &&
+          options.pilot_mass < 0.9001);
+    setenv("GUANACO_PILOT_MASS", "nan", 1);
+    CHECK(guanaco_options_get(&options) == -EINVAL);
+    unsetenv("GUANACO_PREFETCH");
+    unsetenv("GUANACO_PILOT_MASS");
     setenv("GUANACO_IO_URING", "0", 1); /* the documented switch to the pread pool */
     CHECK(guanaco_options_get(&options) == 0 && options.io == 1);
     setenv("GUANACO_IO", "uring", 1); /* the named option wins over the switch */
@@ -112,7 +122,9 @@ static void test_options(void) {
                             "--guanaco-max-experts=0", "--guanaco-max-experts=1e3", "--guanaco-max-experts=99999",
                             "--guanaco-policy=mru", "--guanaco-io=aio", "--guanaco-load=fast",
                             "--guanaco-status-every=0", "--guanaco-status-every=x", "--guanaco-audit=sometimes",
-                            "--guanaco-preload=2"};
+                            "--guanaco-preload=2", "--guanaco-prefetch=gate", "--guanaco-pilot-mass=0",
+                            "--guanaco-pilot-mass=1.5", "--guanaco-pilot-mass=nan", "--guanaco-pilot-mass= 0.5",
+                            "--guanaco-pilot-mass=0.5x"};
     for (size_t i = 0; i < sizeof(absurd) / sizeof(absurd[0]); i++) {
         char flag[64];
         snprintf(flag, sizeof(flag), "%s", absurd[i]);
