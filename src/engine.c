@@ -386,9 +386,10 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
         } else {
             n = guanaco_predictor_predict(engine->predictor, (uint32_t)layer, ids, (uint32_t)k, (uint32_t)n_tokens,
                                           engine->predicted, n_expert);
-            /* A wrong guess costs more than disk time: its bytes are copied into the page cache by the CPU
-               the layers compute on (on 2 cores, filling the disk's idle time with the pilot's best guesses
-               made decode 15% slower). So a guess is read only when it is likely enough to pay. */
+            /* A wrong guess costs more than disk time: the kernel's page-cache work for it runs on the cores
+               the layers compute on. Filling the disk's idle time with the pilot's best guesses made decode
+               15% slower on 2 cores (measured while reads still copied; not measured again since). So a guess
+               is read only when it is likely enough to pay. */
             for (; n_read < n; n_read++) {
                 if (!guanaco_residency_is_resident(engine->residency, next, engine->predicted[n_read]) &&
                     guanaco_predictor_probability(engine->predictor, n_read, n) < PREFETCH_SURE_PROBABILITY) {
