@@ -127,6 +127,21 @@ static int read_router_ids(struct guanaco_hook *hook, const struct ggml_tensor *
     return 0;
 }
 
+/* Hands the engine this layer's ids and the context's previous layer's, then keeps these for the next one. */
+static void read_ahead(struct guanaco_hook *hook, int layer, int k, int n_tokens) {
+    const size_t n_ids = (size_t)k * (size_t)n_tokens;
+    bool same_tokens = hook->previous_layer >= 0 && hook->previous_tokens == n_tokens;
+    guanaco_engine_read_ahead(hook->engine, same_tokens ? hook->previous_layer : -1, hook->previous_ids, layer,
+                              hook->ids, k, n_tokens, hook->rows_seen[layer]);
+    if (grow((void **)&hook->previous_ids, &hook->previous_capacity, n_ids * sizeof(int32_t)) == 0) {
+        memcpy(hook->previous_ids, hook->ids, n_ids * sizeof(int32_t));
+        hook->previous_layer = layer;
+        hook->previous_tokens = n_tokens;
+    } else {
+        hook->previous_layer = -1;
+    }
+}
+
 static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_data) {
     struct guanaco_hook *hook = user_data;
     const int layer = router_layer(hook->engine, t);
@@ -148,16 +163,8 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
                 fflush(stderr);
                 _exit(EXIT_FAILURE);
             }
-            const size_t n_ids = (size_t)k * (size_t)n_tokens;
-            bool same_tokens = hook->previous_layer >= 0 && hook->previous_tokens == n_tokens;
-            guanaco_engine_read_ahead(hook->engine, same_tokens ? hook->previous_layer : -1, hook->previous_ids,
-                                      layer, hook->ids, k, n_tokens, hook->rows_seen[layer]);
-            if (grow((void **)&hook->previous_ids, &hook->previous_capacity, n_ids * sizeof(int32_t)) == 0) {
-                memcpy(hook->previous_ids, hook->ids, n_ids * sizeof(int32_t));
-                hook->previous_layer = layer;
-                hook->previous_tokens = n_tokens;
-            } else {
-                hook->previous_layer = -1;
+            if (hook->engine->predictor) {
+                read_ahead(hook, layer, k, n_tokens);
             }
             guanaco_engine_count_routing(hook->engine, layer, hook->ids, k, n_tokens);
             guanaco_engine_record_routing(hook->engine, hook->context_id, (uint32_t)hook->rows_seen[layer], layer,

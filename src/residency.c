@@ -44,7 +44,7 @@
 #define POPULATE_RETRIES 100
 /* Pages per edge read slot: a slice with no whole page inside spans at most two. */
 #define EDGE_SLOT_PAGES 2
-/* Read-ahead requests of a prompt are at most this long (io.c cuts them for the kernel). */
+/* Read-ahead requests are at most this long; io.c cuts them into the kernel's WILLNEED pieces. */
 #define PREFETCH_REQUEST_BYTES (8u << 20)
 /* VMAs left to the rest of the process when LOAD_DIRECT sizes its worst case against vm.max_map_count. */
 #define VMA_RESERVE 8192
@@ -492,14 +492,15 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
     if (config->prefetch_bytes == 0 || r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
         return 0;
     }
-    /* A run's requests: each tensor's span of the run, cut into pieces of at least the smaller request size. */
+    /* A run's requests: each tensor's span of the run in PREFETCH_REQUEST_BYTES pieces (io.c cuts them
+       further for the kernel), one more for a span that starts mid-piece. */
     for (uint32_t l = 0; l < r->n_layer; l++) {
         const struct layer *layer = &r->layers[l];
         uint32_t run_experts = prefetch_run_experts(r, l);
         size_t requests = 0;
         for (uint32_t k = 0; k < layer->n_tensors; k++) {
             uint64_t span = r->tensors[layer->first_tensor + k].stride * run_experts;
-            requests += (size_t)((span + GUANACO_RESIDENCY_CHUNK_BYTES - 1) / GUANACO_RESIDENCY_CHUNK_BYTES) + 1;
+            requests += (size_t)((span + PREFETCH_REQUEST_BYTES - 1) / PREFETCH_REQUEST_BYTES) + 1;
         }
         r->max_run_requests = requests > r->max_run_requests ? requests : r->max_run_requests;
     }
@@ -1130,9 +1131,6 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     qsort(r->missing, wanted, sizeof(*r->missing), compare_u32);
     const struct layer *l = &r->layers[layer];
     const uint32_t run_limit = prefetch_run_experts(r, layer);
-    /* Most of a layer (a prompt) goes in large sequential requests. A few experts go in the demand path's
-       chunk size: a demand read that comes meanwhile waits behind fewer bytes. */
-    const uint64_t request_bytes = 2 * wanted >= r->n_expert ? PREFETCH_REQUEST_BYTES : GUANACO_RESIDENCY_CHUNK_BYTES;
     for (size_t i = 0; i < wanted;) {
         struct prefetch_run *run = NULL;
         for (uint32_t j = 0; j < r->n_runs && !run; j++) {
@@ -1151,8 +1149,8 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
-            for (uint64_t at = a; at < b && run->n_requests < r->max_run_requests; at += request_bytes) {
-                uint64_t length = b - at < request_bytes ? b - at : request_bytes;
+            for (uint64_t at = a; at < b && run->n_requests < r->max_run_requests; at += PREFETCH_REQUEST_BYTES) {
+                uint64_t length = b - at < PREFETCH_REQUEST_BYTES ? b - at : PREFETCH_REQUEST_BYTES;
                 run->addresses[run->n_requests] = address_of(t, at);
                 run->requests[run->n_requests++] = (struct guanaco_io_request){
                     .fd = t->fd, .offset = at, .length = length, .destination = NULL};
