@@ -343,8 +343,13 @@ static int start_predictor(struct guanaco_engine *engine) {
     };
     int err = guanaco_predictor_create(&config, &engine->predictor);
     free(moe_layer);
+    if (err == 0 && guanaco_predictor_uses_scores(engine->predictor)) {
+        err = guanaco_router_gate_create(m->n_layer, m->n_expert, &engine->router_gate);
+    }
     if (err < 0) {
         guanaco_log_error("cannot create the %s predictor: %s", guanaco_predictor_kind_name(config.kind), strerror(-err));
+        guanaco_predictor_free(engine->predictor);
+        engine->predictor = NULL;
         return err;
     }
     pthread_mutex_init(&engine->predictor_lock, NULL);
@@ -356,7 +361,7 @@ static int start_predictor(struct guanaco_engine *engine) {
 #define PREFETCH_SURE_PROBABILITY 0.5
 
 void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
-                               const int32_t *ids, int k, int n_tokens, uint64_t token) {
+                               const int32_t *ids, int k, int n_tokens, const float *next_scores, uint64_t token) {
     if (!engine->predictor || k <= 0 || n_tokens <= 0) {
         return;
     }
@@ -384,8 +389,14 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
             }
             n_read = n;
         } else {
-            n = guanaco_predictor_predict(engine->predictor, (uint32_t)layer, ids, (uint32_t)k, (uint32_t)n_tokens,
-                                          engine->predicted, n_expert);
+            if (next_scores) {
+                n = guanaco_predictor_predict_scores(engine->predictor, (uint32_t)layer, next_scores,
+                                                     (uint32_t)n_tokens, engine->predicted, n_expert);
+            }
+            if (n == 0) {
+                n = guanaco_predictor_predict(engine->predictor, (uint32_t)layer, ids, (uint32_t)k,
+                                              (uint32_t)n_tokens, engine->predicted, n_expert);
+            }
             /* A wrong guess costs more than disk time: the kernel's page-cache work for it runs on the cores
                the layers compute on. Filling the disk's idle time with the pilot's best guesses made decode
                15% slower on 2 cores (measured while reads still copied; not measured again since). So a guess
@@ -742,6 +753,40 @@ static void print_summary(const struct guanaco_engine *engine) {
                      100.0 * busiest_share, (unsigned long long)atomic_load(&engine->invalid_ids));
 }
 
+/* The gate's recall per layer guessed: a share of the chosen experts found in each token's top k, and in
+   its top k + margin. Layers it never scored (pilot stood in) are left out. */
+static void log_gate_recall(struct guanaco_engine *engine) {
+    if (!engine->router_gate) {
+        return;
+    }
+    char line[4096];
+    size_t used = 0;
+    uint64_t tokens = 0;
+    double top_k = 0, all_ranks = 0;
+    uint32_t ranks = 0;
+    for (int layer = 0; layer < engine->manifest.n_layer; layer++) {
+        struct guanaco_predictor_recall recall;
+        if (guanaco_predictor_recall(engine->predictor, (uint32_t)layer, &recall) < 0 || recall.tokens == 0) {
+            continue;
+        }
+        tokens += recall.tokens;
+        top_k += recall.top_k * (double)recall.tokens;
+        all_ranks += recall.all_ranks * (double)recall.tokens;
+        ranks = recall.ranks;
+        if (used < sizeof(line)) {
+            int n = snprintf(line + used, sizeof(line) - used, " %d:%.2f/%.2f", layer, recall.top_k, recall.all_ranks);
+            used += n > 0 ? (size_t)n : 0;
+        }
+    }
+    if (tokens == 0) {
+        guanaco_log_info("prefetch gate: no guess was checked (pilot predicted every layer)");
+        return;
+    }
+    guanaco_log_info("prefetch gate recall, top %d / top %u: %.3f / %.3f over %llu token-layers; per layer:%s",
+                     engine->manifest.n_expert_used, ranks, top_k / (double)tokens, all_ranks / (double)tokens,
+                     (unsigned long long)tokens, line);
+}
+
 void guanaco_engine_close(struct guanaco_engine *engine) {
     if (!engine) {
         return;
@@ -765,9 +810,11 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
         guanaco_residency_destroy(engine->residency);
     }
     if (engine->predictor) {
+        log_gate_recall(engine);
         guanaco_predictor_free(engine->predictor);
         pthread_mutex_destroy(&engine->predictor_lock);
     }
+    guanaco_router_gate_free(engine->router_gate);
     free(engine->predicted);
     free(engine->predictor_seen);
     for (int s = 0; engine->shard_fds && s < engine->manifest.n_shards; s++) {

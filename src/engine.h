@@ -9,6 +9,7 @@
 #include "manifest.h"
 #include "predictor.h"
 #include "residency.h"
+#include "router_gate.h"
 #include "trace.h"
 
 #include <pthread.h>
@@ -47,6 +48,7 @@ struct guanaco_engine {
     pthread_mutex_t predictor_lock;            /* the predictor and the two scratch arrays below */
     uint32_t *predicted;                       /* n_expert: the guess handed to the residency engine */
     uint8_t *predictor_seen;                   /* n_expert: distinct ids of the current layer */
+    struct guanaco_router_gate *router_gate;   /* --guanaco-prefetch gate: each layer's router, else NULL */
 };
 
 /* Record one router decision of context `sequence` to --guanaco-trace-out, if on. */
@@ -67,10 +69,12 @@ int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const
  * context's previous MoE layer (prev_layer < 0: none), then start reading
  * what it predicts for the next MoE layer. A ubatch that needs most of the
  * layer (a prompt) reads the whole next layer ahead instead; a decode guess
- * is read only when it is likely enough to pay for itself.
+ * is read only when it is likely enough to pay for itself. `next_scores`
+ * (n_tokens x n_expert, or NULL) are the next layer's router scores for
+ * these tokens, for the gate predictor.
  */
 void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
-                               const int32_t *ids, int k, int n_tokens, uint64_t token);
+                               const int32_t *ids, int k, int n_tokens, const float *next_scores, uint64_t token);
 
 
 /* Count one router decision: `n_tokens` rows of `k` expert ids for `layer`. */

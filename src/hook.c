@@ -37,6 +37,9 @@ struct guanaco_hook {
     int previous_tokens; /* the rows of its ids */
     int32_t *previous_ids; /* its ids: the predictor learns from layer to layer of the same tokens */
     size_t previous_capacity; /* in bytes */
+    float *next_scores;       /* gate: the next layer's router scores, GUANACO_GATE_MAX_TOKENS x n_expert */
+    void *gate_scratch;       /* gate: one input row converted to the router's dot-product type */
+    size_t gate_scratch_bytes;
 };
 
 /* The MoE layer of a router node, or -1. Called for every node of every graph: keep it cheap. */
@@ -127,12 +130,39 @@ static int read_router_ids(struct guanaco_hook *hook, const struct ggml_tensor *
     return 0;
 }
 
+/* gate: the next MoE layer's router applied to this layer's MoE input, or NULL when it cannot be had (the
+   first ubatch, before the next router has been seen; a prompt-sized ubatch; a router it cannot follow). */
+static const float *next_layer_scores(struct guanaco_hook *hook, const struct ggml_tensor *topk, int layer,
+                                      int n_tokens) {
+    struct guanaco_engine *engine = hook->engine;
+    const struct ggml_tensor *input = guanaco_router_gate_learn(engine->router_gate, layer, topk);
+    uint32_t next = guanaco_predictor_next_layer(engine->predictor, (uint32_t)layer);
+    if (!input || next == UINT32_MAX || n_tokens > (int)GUANACO_GATE_MAX_TOKENS) {
+        return NULL;
+    }
+    if (!hook->next_scores) {
+        hook->next_scores = malloc((size_t)GUANACO_GATE_MAX_TOKENS * (size_t)engine->manifest.n_expert * sizeof(float));
+        if (!hook->next_scores) {
+            return NULL;
+        }
+    }
+    if (grow(&hook->gate_scratch, &hook->gate_scratch_bytes,
+             guanaco_router_gate_scratch_bytes(engine->router_gate, input->ne[0])) < 0) {
+        return NULL;
+    }
+    return guanaco_router_gate_scores(engine->router_gate, (int)next, input, n_tokens, hook->next_scores,
+                                      hook->gate_scratch, hook->gate_scratch_bytes) == 0
+               ? hook->next_scores
+               : NULL;
+}
+
 /* Hands the engine this layer's ids and the context's previous layer's, then keeps these for the next one. */
-static void read_ahead(struct guanaco_hook *hook, int layer, int k, int n_tokens) {
+static void read_ahead(struct guanaco_hook *hook, const struct ggml_tensor *topk, int layer, int k, int n_tokens) {
     const size_t n_ids = (size_t)k * (size_t)n_tokens;
     bool same_tokens = hook->previous_layer >= 0 && hook->previous_tokens == n_tokens;
+    const float *scores = hook->engine->router_gate ? next_layer_scores(hook, topk, layer, n_tokens) : NULL;
     guanaco_engine_read_ahead(hook->engine, same_tokens ? hook->previous_layer : -1, hook->previous_ids, layer,
-                              hook->ids, k, n_tokens, hook->rows_seen[layer]);
+                              hook->ids, k, n_tokens, scores, hook->rows_seen[layer]);
     if (grow((void **)&hook->previous_ids, &hook->previous_capacity, n_ids * sizeof(int32_t)) == 0) {
         memcpy(hook->previous_ids, hook->ids, n_ids * sizeof(int32_t));
         hook->previous_layer = layer;
@@ -164,7 +194,7 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
                 _exit(EXIT_FAILURE);
             }
             if (hook->engine->predictor) {
-                read_ahead(hook, layer, k, n_tokens);
+                read_ahead(hook, t, layer, k, n_tokens);
             }
             guanaco_engine_count_routing(hook->engine, layer, hook->ids, k, n_tokens);
             guanaco_engine_record_routing(hook->engine, hook->context_id, (uint32_t)hook->rows_seen[layer], layer,
@@ -211,5 +241,7 @@ void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_d
     free(hook->rows_seen);
     free(hook->device_copy);
     free(hook->previous_ids);
+    free(hook->next_scores);
+    free(hook->gate_scratch);
     free(hook);
 }

@@ -37,7 +37,7 @@ static const char *const io_choices[] = {"uring", "threads", NULL};
 /* Index = enum guanaco_load_mode (guanaco.h). */
 static const char *const load_choices[] = {"page-cache", "direct", NULL};
 /* Index = enum guanaco_predictor_kind (src/predictor.h). */
-static const char *const prefetch_choices[] = {"none", "pilot", NULL};
+static const char *const prefetch_choices[] = {"none", "pilot", "gate", NULL};
 /* OPTION_FRACTION values are kept in millionths. */
 #define FRACTION_SCALE 1000000.0
 
@@ -83,7 +83,8 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                         "file (default: on)"},
     [OPTION_PREFETCH] = {"guanaco-prefetch", "GUANACO_PREFETCH", OPTION_CHOICE, prefetch_choices,
                          "read the next layer's experts while the current one computes, as predicted by: pilot "
-                         "(cross-layer statistics; a prompt reads the whole next layer) or none (default: pilot)"},
+                         "(cross-layer statistics), gate (the next layer's router on this layer's input; pilot "
+                         "where it cannot run) or none; a prompt reads the whole next layer (default: pilot)"},
     [OPTION_PILOT_MASS] = {"guanaco-pilot-mass", "GUANACO_PILOT_MASS", OPTION_FRACTION, NULL,
                            "pilot reads the smallest set of experts whose predicted probability reaches this "
                            "share (default: measured, see README)"},

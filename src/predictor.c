@@ -25,6 +25,7 @@ struct guanaco_predictor {
 static const char *const kind_names[] = {
     [GUANACO_PREDICTOR_NONE] = "none",
     [GUANACO_PREDICTOR_PILOT] = "pilot",
+    [GUANACO_PREDICTOR_GATE] = "gate",
 };
 #define KIND_COUNT (sizeof(kind_names) / sizeof(kind_names[0]))
 
@@ -46,12 +47,12 @@ const char *guanaco_predictor_kind_name(enum guanaco_predictor_kind kind) {
 }
 
 const char *guanaco_predictor_kind_names(void) {
-    return "none|pilot";
+    return "none|pilot|gate";
 }
 
 static int check_config(const struct guanaco_predictor_config *config) {
     if ((unsigned)config->kind >= KIND_COUNT || config->n_layer == 0 || config->n_expert == 0 ||
-        config->top_k == 0 || config->top_k > config->n_expert) {
+        config->top_k == 0 || config->top_k > config->n_expert || config->gate_margin > config->n_expert) {
         return -EINVAL;
     }
     /* written so that NAN fails too */
@@ -99,10 +100,12 @@ int guanaco_predictor_create(const struct guanaco_predictor_config *config, stru
     }
     if (config->kind == GUANACO_PREDICTOR_PILOT) {
         err = guanaco_predictor_pilot_create(config, p->moe_layer, p->next_layer, &p->ops, &p->impl);
-        if (err != 0) {
-            guanaco_predictor_free(p);
-            return err;
-        }
+    } else if (config->kind == GUANACO_PREDICTOR_GATE) {
+        err = guanaco_predictor_gate_create(config, p->moe_layer, p->next_layer, &p->ops, &p->impl);
+    }
+    if (err != 0) {
+        guanaco_predictor_free(p);
+        return err;
     }
     *out = p;
     return 0;
@@ -145,6 +148,30 @@ size_t guanaco_predictor_predict(struct guanaco_predictor *p, uint32_t layer, co
         return 0;
     }
     return p->ops->predict(p->impl, layer, ids, k, n_tokens, out, capacity);
+}
+
+bool guanaco_predictor_uses_scores(const struct guanaco_predictor *p) {
+    return p && p->ops && p->ops->predict_scores;
+}
+
+size_t guanaco_predictor_predict_scores(struct guanaco_predictor *p, uint32_t layer, const float *scores,
+                                        uint32_t n_tokens, uint32_t *out, size_t capacity) {
+    if (!guanaco_predictor_uses_scores(p) || !scores || !out || capacity == 0 || n_tokens == 0 ||
+        n_tokens > GUANACO_GATE_MAX_TOKENS || !routes(p, layer) || p->next_layer[layer] == UINT32_MAX) {
+        return 0;
+    }
+    return p->ops->predict_scores(p->impl, layer, p->next_layer[layer], scores, n_tokens, out, capacity);
+}
+
+int guanaco_predictor_recall(const struct guanaco_predictor *p, uint32_t layer,
+                             struct guanaco_predictor_recall *recall) {
+    if (!p || !recall || layer >= p->n_layer) {
+        return -EINVAL;
+    }
+    if (!p->ops || !p->ops->recall) {
+        return -ENOTSUP;
+    }
+    return p->ops->recall(p->impl, layer, recall);
 }
 
 double guanaco_predictor_probability(const struct guanaco_predictor *p, size_t i, size_t emitted) {

@@ -18,12 +18,14 @@
 #ifndef GUANACO_PREDICTOR_H
 #define GUANACO_PREDICTOR_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 enum guanaco_predictor_kind {
     GUANACO_PREDICTOR_NONE,  /* predicts nothing: prefetch off */
     GUANACO_PREDICTOR_PILOT, /* cross-layer transition statistics with a mass cut-off */
+    GUANACO_PREDICTOR_GATE,  /* the next layer's router on this layer's input; pilot when there are no scores */
 };
 
 struct guanaco_predictor_config {
@@ -32,6 +34,7 @@ struct guanaco_predictor_config {
     const uint8_t *moe_layer; /* n_layer flags, 1 = the layer routes; NULL = every layer */
     double mass;              /* pilot: smallest set whose probability reaches mass * top_k; 0 = default */
     double half_life;         /* pilot: decay of transition counts, in observed ubatches; 0 = default */
+    uint32_t gate_margin;     /* gate: ranks kept per token beyond top_k; 0 = default */
 };
 
 /* pilot's defaults, for a config's 0. Mass 0.6: the largest that keeps the mean guessed set near 2 * top_k
@@ -44,11 +47,25 @@ struct guanaco_predictor_config {
    than this many in all is refused with -E2BIG rather than taking over 256 MiB. */
 #define GUANACO_PILOT_MAX_ENTRIES (64u * 1024u * 1024u)
 
+/* gate's defaults. Each token keeps its top k + margin experts; how many of them get read is decided by
+   their measured hit rate (guanaco_predictor_probability), so the margin only bounds the candidates. */
+#define GUANACO_GATE_DEFAULT_MARGIN 8u
+/* gate scores at most this many tokens per ubatch: larger ones are prompts, read a whole layer ahead */
+#define GUANACO_GATE_MAX_TOKENS 32u
+
 struct guanaco_predictor;
+
+/* How often a predictor's guesses for one layer held the experts really chosen (gate only). */
+struct guanaco_predictor_recall {
+    uint64_t tokens;  /* tokens whose guess was checked */
+    uint32_t ranks;   /* ranks kept per token: top_k + margin */
+    double top_k;     /* share of the chosen experts that were in the token's top k */
+    double all_ranks; /* share that were in any of its ranks */
+};
 
 int guanaco_predictor_kind_from_name(const char *name, enum guanaco_predictor_kind *kind); /* 0 or -EINVAL */
 const char *guanaco_predictor_kind_name(enum guanaco_predictor_kind kind);
-const char *guanaco_predictor_kind_names(void); /* "none|pilot" */
+const char *guanaco_predictor_kind_names(void); /* "none|pilot|gate" */
 
 /* 0, -EINVAL (bad config: no layers or experts, top_k 0 or above n_expert, mass outside (0, 1], a
    negative or non-finite half_life, an unknown kind), -E2BIG (pilot's tables would exceed
@@ -66,6 +83,21 @@ int guanaco_predictor_observe(struct guanaco_predictor *p, uint32_t from_layer, 
    `layer` is the last MoE layer, or for NONE. */
 size_t guanaco_predictor_predict(struct guanaco_predictor *p, uint32_t layer, const int32_t *ids, uint32_t k,
                                  uint32_t n_tokens, uint32_t *out, size_t capacity);
+
+/* Whether this predictor guesses from router scores (gate): the caller then computes them and calls
+   guanaco_predictor_predict_scores, falling back to guanaco_predictor_predict when it cannot. */
+bool guanaco_predictor_uses_scores(const struct guanaco_predictor *p);
+
+/* Guess the next MoE layer after `layer` from its router's scores for these tokens: n_tokens rows of
+   n_expert floats, a higher score meaning more likely chosen (any monotone transform of the router's
+   selection scores). Most likely first; returns how many were written, 0 for kinds without scores, the
+   last MoE layer, or n_tokens above GUANACO_GATE_MAX_TOKENS. */
+size_t guanaco_predictor_predict_scores(struct guanaco_predictor *p, uint32_t layer, const float *scores,
+                                        uint32_t n_tokens, uint32_t *out, size_t capacity);
+
+/* The gate's recall at `layer` (the layer guessed), 0; -ENOTSUP for kinds that keep none, -EINVAL. */
+int guanaco_predictor_recall(const struct guanaco_predictor *p, uint32_t layer,
+                             struct guanaco_predictor_recall *recall);
 
 /* The chance, from 0 to 1, that a token of the last predict call needs its i-th guess (i < the count
    that call returned, `emitted`; 0 otherwise). The guesses come most likely first, so this falls with i. */

@@ -19,6 +19,11 @@ struct guanaco_predictor_ops {
     double (*probability)(void *impl, size_t i);
     size_t (*predict)(void *impl, uint32_t layer, const int32_t *ids, uint32_t k, uint32_t n_tokens, uint32_t *out,
                       size_t capacity);
+    /* optional (NULL: the kind has no scores); `next` is the next MoE layer, n_tokens checked */
+    size_t (*predict_scores)(void *impl, uint32_t layer, uint32_t next, const float *scores, uint32_t n_tokens,
+                             uint32_t *out, size_t capacity);
+    /* optional; layer < n_layer */
+    int (*recall)(void *impl, uint32_t layer, struct guanaco_predictor_recall *recall);
     void (*free)(void *impl);
 };
 
@@ -27,5 +32,9 @@ struct guanaco_predictor_ops {
 int guanaco_predictor_pilot_create(const struct guanaco_predictor_config *config, const uint8_t *moe_layer,
                                    const uint32_t *next_layer, const struct guanaco_predictor_ops **ops,
                                    void **impl);
+
+/* The same, for gate (which holds a pilot for the ubatches it has no scores for). */
+int guanaco_predictor_gate_create(const struct guanaco_predictor_config *config, const uint8_t *moe_layer,
+                                  const uint32_t *next_layer, const struct guanaco_predictor_ops **ops, void **impl);
 
 #endif

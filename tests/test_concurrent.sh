@@ -60,7 +60,7 @@ check "streaming, no budget: concurrent == alone == streaming off" $? "rc=$rc $(
 # Under a budget: every context's router drives the one residency engine.
 # The last field is the read-ahead predictor (page-cache loading reads ahead; direct ignores it).
 for spec in "lru uring direct pilot" "lru threads page-cache pilot" "layer-lru uring page-cache pilot" \
-            "layer-lru threads direct none" "layer-lru threads page-cache none"; do
+            "layer-lru threads direct none" "layer-lru threads page-cache none" "lru uring page-cache gate"; do
     set -- $spec
     policy=$1 io=$2 load=$3 name="budget-$1-$2-$3-$4"
     GUANACO_STREAMING=1 GUANACO_RAM=$budget GUANACO_MAX_EXPERTS=2 GUANACO_POLICY=$policy GUANACO_IO=$io \

@@ -5,7 +5,9 @@
  * per token, groups of k), the ranking under k co-routed experts, uniform
  * routing giving large sets, decay letting a changed map win within a few
  * half-lives, ubatches of several tokens, ids out of range, dense layers
- * between MoE layers, capacity, and the long-run rescaling of the counts.
+ * between MoE layers, capacity, and the long-run rescaling of the counts;
+ * and gate (predictor_gate.c): ranking by score, the pilot fallback, the
+ * per-rank calibration and its recall, several tokens, NaN scores.
  */
 #include "predictor.h"
 
@@ -71,7 +73,8 @@ static void test_kind_names(void) {
     CHECK(guanaco_predictor_kind_from_name("pilot", &kind) == 0 && kind == GUANACO_PREDICTOR_PILOT);
     CHECK(guanaco_predictor_kind_from_name("oracle", &kind) == -EINVAL);
     CHECK(guanaco_predictor_kind_from_name(NULL, &kind) == -EINVAL);
-    CHECK(strcmp(guanaco_predictor_kind_names(), "none|pilot") == 0);
+    CHECK(guanaco_predictor_kind_from_name("gate", &kind) == 0 && kind == GUANACO_PREDICTOR_GATE);
+    CHECK(strcmp(guanaco_predictor_kind_names(), "none|pilot|gate") == 0);
     CHECK(strcmp(guanaco_predictor_kind_name(GUANACO_PREDICTOR_NONE), "none") == 0);
     CHECK(strcmp(guanaco_predictor_kind_name(GUANACO_PREDICTOR_PILOT), "pilot") == 0);
     CHECK(strcmp(guanaco_predictor_kind_name((enum guanaco_predictor_kind)9), "unknown") == 0);
@@ -496,6 +499,129 @@ static void test_long_run(void) {
     guanaco_predictor_free(p);
 }
 
+/* ---- gate ---- */
+
+/* Scores for one token: `best` get 10, 9, ... in that order, the rest less, by id. */
+static void gate_scores(float *row, uint32_t n_expert, const uint32_t *best, uint32_t n_best) {
+    for (uint32_t e = 0; e < n_expert; e++) {
+        row[e] = -(float)e / (float)n_expert;
+    }
+    for (uint32_t i = 0; i < n_best; i++) {
+        row[best[i]] = 10.0f - (float)i;
+    }
+}
+
+static void test_gate_scores_rank_and_fallback(void) {
+    const uint32_t n_layer = 3, n = 16, k = 2;
+    struct guanaco_predictor_config config = {.kind = GUANACO_PREDICTOR_GATE, .n_layer = n_layer, .n_expert = n,
+                                              .top_k = k, .gate_margin = 2};
+    struct guanaco_predictor *p = NULL;
+    CHECK(guanaco_predictor_create(&config, &p) == 0);
+    CHECK(guanaco_predictor_uses_scores(p));
+    float scores[2 * 16];
+    uint32_t best[4] = {7, 3, 12, 0};
+    gate_scores(scores, n, best, 4);
+    uint32_t out[16];
+    size_t emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, out, n);
+    /* top k + margin = 4 ranks, in score order: before any observation the top k lead the margin */
+    CHECK(emitted == 4);
+    CHECK(out[0] == 7 && out[1] == 3 && contains(out, emitted, 12) && contains(out, emitted, 0));
+    CHECK(guanaco_predictor_probability(p, 0, emitted) > guanaco_predictor_probability(p, 3, emitted));
+    CHECK(guanaco_predictor_probability(p, 1, emitted) >= 0.5 && guanaco_predictor_probability(p, 3, emitted) < 0.5);
+    /* the last MoE layer has nothing after it; prompt-sized ubatches are not scored */
+    CHECK(guanaco_predictor_predict_scores(p, n_layer - 1, scores, 1, out, n) == 0);
+    CHECK(guanaco_predictor_predict_scores(p, 0, scores, GUANACO_GATE_MAX_TOKENS + 1, out, n) == 0);
+    CHECK(guanaco_predictor_predict_scores(p, 0, NULL, 1, out, n) == 0);
+    /* capacity cuts the most likely first */
+    CHECK(guanaco_predictor_predict_scores(p, 0, scores, 1, out, 1) == 1 && out[0] == 7);
+    /* without scores it is pilot: nothing known yet, then a learnt map */
+    int32_t from[2] = {1, 2}, to[2] = {5, 9};
+    CHECK(guanaco_predictor_predict(p, 0, from, k, 1, out, n) == 0);
+    for (int i = 0; i < 8; i++) {
+        CHECK(guanaco_predictor_observe(p, 0, from, 1, to, k, 1) == 0);
+    }
+    emitted = guanaco_predictor_predict(p, 0, from, k, 1, out, n);
+    CHECK(emitted == 2 && contains(out, emitted, 5) && contains(out, emitted, 9));
+    guanaco_predictor_free(p);
+    /* pilot has no scores and no recall */
+    p = make(GUANACO_PREDICTOR_PILOT, n_layer, n, k, 0, 0);
+    struct guanaco_predictor_recall recall;
+    CHECK(!guanaco_predictor_uses_scores(p));
+    CHECK(guanaco_predictor_predict_scores(p, 0, scores, 1, out, n) == 0);
+    CHECK(guanaco_predictor_recall(p, 0, &recall) == -ENOTSUP);
+    guanaco_predictor_free(p);
+    config.gate_margin = n + 1;
+    CHECK(guanaco_predictor_create(&config, &p) == -EINVAL && p == NULL);
+}
+
+/* The hit rate per rank is learnt: when the router's second choice is always wrong and its third always
+   right, the third ends up more likely than the second, and the recall says what was found. */
+static void test_gate_calibration(void) {
+    const uint32_t n = 16, k = 2;
+    struct guanaco_predictor_config config = {.kind = GUANACO_PREDICTOR_GATE, .n_layer = 2, .n_expert = n,
+                                              .top_k = k, .gate_margin = 2};
+    struct guanaco_predictor *p = NULL;
+    CHECK(guanaco_predictor_create(&config, &p) == 0);
+    uint64_t state = 11;
+    float scores[16];
+    uint32_t out[16];
+    size_t emitted = 0;
+    for (int round = 0; round < 200; round++) {
+        uint32_t best[4];
+        int32_t row[4];
+        random_row(&state, n, 4, row);
+        for (int i = 0; i < 4; i++) best[i] = (uint32_t)row[i];
+        gate_scores(scores, n, best, 4);
+        emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, out, n);
+        CHECK(emitted == 4);
+        int32_t from[2] = {0, 1}, real[2] = {(int32_t)best[0], (int32_t)best[2]};
+        CHECK(guanaco_predictor_observe(p, 0, from, 1, real, k, 1) == 0);
+    }
+    /* the last guess: rank 0 and rank 2 are always right, ranks 1 and 3 never */
+    CHECK(guanaco_predictor_probability(p, 0, emitted) > 0.95);
+    CHECK(guanaco_predictor_probability(p, 1, emitted) > 0.95);
+    CHECK(guanaco_predictor_probability(p, 2, emitted) < 0.05);
+    struct guanaco_predictor_recall recall;
+    CHECK(guanaco_predictor_recall(p, 1, &recall) == 0);
+    CHECK(recall.tokens == 200 && recall.ranks == 4);
+    CHECK(fabs(recall.top_k - 0.5) < 1e-9 && fabs(recall.all_ranks - 1.0) < 1e-9);
+    CHECK(guanaco_predictor_recall(p, 0, &recall) == 0 && recall.tokens == 0);
+    CHECK(guanaco_predictor_recall(p, 2, &recall) == -EINVAL);
+    /* an observe for other tokens than the guess (another ubatch size) is not scored */
+    emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, out, n);
+    int32_t from2[4] = {0, 1, 2, 3}, real2[4] = {4, 5, 6, 7};
+    CHECK(guanaco_predictor_observe(p, 0, from2, 1, real2, k, 2) == 0);
+    CHECK(guanaco_predictor_recall(p, 1, &recall) == 0 && recall.tokens == 200);
+    guanaco_predictor_free(p);
+}
+
+/* Several tokens: an expert several tokens rank is more likely than one only a single token ranks, and
+   NaN scores never win over real ones. */
+static void test_gate_union(void) {
+    const uint32_t n = 8, k = 1;
+    struct guanaco_predictor_config config = {.kind = GUANACO_PREDICTOR_GATE, .n_layer = 2, .n_expert = n,
+                                              .top_k = k, .gate_margin = 1};
+    struct guanaco_predictor *p = NULL;
+    CHECK(guanaco_predictor_create(&config, &p) == 0);
+    float scores[3 * 8];
+    uint32_t a[2] = {4, 6}, b[2] = {4, 1}, c[2] = {2, 6};
+    gate_scores(scores, n, a, 2);
+    gate_scores(scores + n, n, b, 2);
+    gate_scores(scores + 2 * n, n, c, 2);
+    uint32_t out[8];
+    size_t emitted = guanaco_predictor_predict_scores(p, 0, scores, 3, out, n);
+    CHECK(emitted == 4 && out[0] == 4 && contains(out, emitted, 2) && contains(out, emitted, 6) &&
+          contains(out, emitted, 1));
+    for (size_t i = 1; i < emitted; i++) {
+        CHECK(guanaco_predictor_probability(p, i - 1, emitted) >= guanaco_predictor_probability(p, i, emitted));
+    }
+    for (uint32_t e = 0; e < n; e++) scores[e] = NAN;
+    scores[5] = -100.0f;
+    emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, out, n);
+    CHECK(emitted == 2 && out[0] == 5);
+    guanaco_predictor_free(p);
+}
+
 int main(void) {
     test_kind_names();
     test_bad_config();
@@ -513,5 +639,8 @@ int main(void) {
     test_dense_layers();
     test_mass_and_capacity();
     test_long_run();
+    test_gate_scores_rank_and_fallback();
+    test_gate_calibration();
+    test_gate_union();
     return check_summary();
 }

@@ -23,11 +23,12 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K"; do
     check "$arch $quant written" $? "mkmodel failed"
     env -u GUANACO_STREAMING "$LOGITS_DUMP" "$m" "$W/$arch.off.bin" --no-repack >"$W/$arch.off.log" 2>&1
     check "$arch $quant off" $? "$(tail -2 "$W/$arch.off.log")"
-    # The last field is the read-ahead: every predictor, and the whole next layer for the 48-token prompt
+    # The last field is the read-ahead: every predictor (gate too), and the whole next layer for the 48-token prompt
     # (--ubatch 16 makes three prompt ubatches, so the pilot also guesses for multi-token batches).
     for run in "guanaco uring 3M direct pilot" "lru threads 3M page-cache pilot" "layer-lru uring 2M page-cache none" \
                "layer-lru threads 2M direct none" "lfu threads 4M direct pilot" "guanaco threads 3M page-cache pilot" \
-               "layer-lru uring 4M page-cache pilot --ubatch 16"; do
+               "layer-lru uring 4M page-cache pilot --ubatch 16" "lru uring 3M page-cache gate" \
+               "guanaco threads 2M page-cache gate --ubatch 16"; do
         set -- $run
         name="$1.$2.$5${6:+.ub}"
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
@@ -42,6 +43,13 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K"; do
                 awk '{ exit !($2 > 0 && $5 > 0) }'
             check "$arch $quant: $name read ahead and used some of it" $? \
                 "$(grep -o 'read-ahead[^;]*' "$W/$arch.$name.log" | tail -1)"
+        fi
+        # gate follows every one of these routers (plain, biased, softmax-weighted) and scores its guesses
+        if [ "$5" = gate ]; then
+            grep -oE 'prefetch gate recall, top [0-9]+ / top [0-9]+: [0-9.]+ / [0-9.]+ over [0-9]+ token-layers' \
+                "$W/$arch.$name.log" | awk '{ exit !($NF == "token-layers" && $(NF-1) > 0 && $(NF-3) > 0) }'
+            check "$arch $quant: $name scored its guesses with the next layer's router" $? \
+                "$(grep -E 'prefetch gate' "$W/$arch.$name.log" | head -2)"
         fi
     done
 done
