@@ -45,8 +45,11 @@ add_test(NAME io COMMAND test_io)
 # Pure replacement policies against Belady's optimum; the timing run is a benchmark, kept short here.
 add_test(NAME policy COMMAND test_policy)
 set_tests_properties(policy PROPERTIES ENVIRONMENT "GUANACO_PERF_TOKENS=2000")
-# The pilot expert predictor: learnt maps predicted exactly, decay follows a changed map, bad arguments refused.
+# The expert predictors: pilot's learnt maps predicted exactly, decay follows a changed map, bad arguments
+# refused; gate's ranking, fallback and per-rank calibration.
 add_test(NAME predictor COMMAND test_predictor)
+# gate's router evaluation against ggml computing the same router graphs (softmax, biases, sigmoid, quantized).
+add_test(NAME router_gate COMMAND test_router_gate)
 # --guanaco-trace-out records what was counted; --guanaco-trace-replay makes another model route the same way.
 guanaco_script_test(trace_replay test_trace_replay.sh)
 # The policy simulator on the real Mixtral traces: no policy above Belady, compulsory misses at 100%, CSV and PNG.
