@@ -126,6 +126,11 @@ uint64_t guanaco_engine_access_count(const struct guanaco_engine *engine, int la
 int guanaco_hook_install(struct guanaco_engine *engine, ggml_backend_sched_eval_callback *callback,
                          void **user_data);
 
+/* A context's host memory (KV cache and compute buffers): +bytes once it has allocated them, -bytes
+   before it frees them. With --guanaco-ram auto the budget is sized again around the live contexts.
+   NULL engine accepted (streaming off). */
+void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes);
+
 /* Undo guanaco_hook_install() given the installed pair; other pairs are ignored. */
 void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_data);
 

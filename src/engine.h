@@ -49,6 +49,8 @@ struct guanaco_engine {
     uint32_t *predicted;                       /* n_expert: the guess handed to the residency engine */
     uint8_t *predictor_seen;                   /* n_expert: distinct ids of the current layer */
     struct guanaco_router_gate *router_gate;   /* --guanaco-prefetch gate: each layer's router, else NULL */
+    uint64_t auto_memory;                      /* --guanaco-ram auto: the memory it divides; 0 otherwise */
+    _Atomic int64_t context_bytes;             /* host KV cache and compute buffers of the live contexts */
 };
 
 /* Record one router decision of context `sequence` to --guanaco-trace-out, if on. */

@@ -380,6 +380,24 @@ static int allocate(struct guanaco_policy *p) {
     return ok ? 0 : -ENOMEM;
 }
 
+/* Everything that follows from the budget: layer-lru's fixed shares, guanaco's pin allowance. */
+static void apply_budget(struct guanaco_policy *p, uint64_t bytes) {
+    p->budget = bytes;
+    if (p->kind == GUANACO_POLICY_LAYER_LRU) {
+        /* equal expert counts per MoE layer: the share is proportional to the layer's expert bytes */
+        double moe_bytes = 0;
+        for (uint32_t l = 0; l < p->n_layer; l++) {
+            moe_bytes += (double)p->expert_bytes[l];
+        }
+        for (uint32_t l = 0; l < p->n_layer; l++) {
+            p->layer_share[l] = moe_bytes > 0 ? (uint64_t)((double)p->budget * (double)p->expert_bytes[l] / moe_bytes) : 0;
+        }
+    }
+    if (p->kind == GUANACO_POLICY_GUANACO) {
+        p->pin_budget = (uint64_t)((double)p->budget * PIN_BUDGET_SHARE);
+    }
+}
+
 int guanaco_policy_create(const struct guanaco_policy_config *config, struct guanaco_policy **out) {
     *out = NULL;
     if (!config || config->n_layer == 0 || config->n_expert == 0 || !config->expert_bytes ||
@@ -425,16 +443,6 @@ int guanaco_policy_create(const struct guanaco_policy_config *config, struct gua
             p->layer_position[l] = NONE;
         }
     }
-    if (p->kind == GUANACO_POLICY_LAYER_LRU) {
-        /* equal expert counts per MoE layer: the share is proportional to the layer's expert bytes */
-        double moe_bytes = 0;
-        for (uint32_t l = 0; l < p->n_layer; l++) {
-            moe_bytes += (double)p->expert_bytes[l];
-        }
-        for (uint32_t l = 0; l < p->n_layer; l++) {
-            p->layer_share[l] = moe_bytes > 0 ? (uint64_t)((double)p->budget * (double)p->expert_bytes[l] / moe_bytes) : 0;
-        }
-    }
     if (!uses_lists(p)) {
         for (uint32_t i = 0; i < p->n_slots; i++) {
             p->slot_position[i] = NONE;
@@ -460,10 +468,16 @@ int guanaco_policy_create(const struct guanaco_policy_config *config, struct gua
         double every_token = 1.0 / (1.0 - exp2(-1.0 / p->heat_half_life));
         p->pin_on_log_heat = log2(PIN_ON_SHARE * every_token);
         p->pin_off_log_heat = log2(PIN_OFF_SHARE * every_token);
-        p->pin_budget = (uint64_t)((double)p->budget * PIN_BUDGET_SHARE);
     }
+    apply_budget(p, config->budget_bytes);
     *out = p;
     return 0;
+}
+
+void guanaco_policy_set_budget(struct guanaco_policy *policy, uint64_t bytes) {
+    if (policy) {
+        apply_budget(policy, bytes);
+    }
 }
 
 /* ---- per-layer ordering: keys of the layer heap ---- */

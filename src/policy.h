@@ -114,6 +114,13 @@ int guanaco_policy_evict(struct guanaco_policy *policy, uint32_t protect_layer, 
 void guanaco_policy_set_reserve(struct guanaco_policy *policy, uint64_t bytes);
 
 /*
+ * Changes the budget (--guanaco-ram auto, once a context's buffers are known).
+ * Nothing is evicted here: the next evict brings the resident bytes under the
+ * new budget, as after any access.
+ */
+void guanaco_policy_set_budget(struct guanaco_policy *policy, uint64_t bytes);
+
+/*
  * A predictor's guess that (layer, expert) is needed at the layer's next
  * access, with its confidence. The guanaco policy keeps a hinted expert
  * resident until that access, or until now + hint_lifetime if the access

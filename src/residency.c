@@ -1420,3 +1420,16 @@ void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t aft
     guanaco_io_inject_fault(r->io, after_bytes, error);
     pthread_mutex_unlock(&r->lock);
 }
+
+void guanaco_residency_set_budget(struct guanaco_residency *r, uint64_t budget_bytes) {
+    if (!r) {
+        return;
+    }
+    pthread_mutex_lock(&r->lock);
+    r->budget_bytes = budget_bytes;
+    guanaco_policy_set_budget(r->policy, budget_bytes);
+    if (r->prefetch_allowance) {
+        r->prefetch_allowance = budget_bytes / 2;
+    }
+    pthread_mutex_unlock(&r->lock);
+}

@@ -215,4 +215,8 @@ void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t aft
 /* Frees the engine; NULL is accepted. Drops nothing: the mapping's owner unmaps it. */
 void guanaco_residency_destroy(struct guanaco_residency *r);
 
+/* Changes the budget (and the read-ahead allowance, half of it, when read-ahead is on). Nothing is
+   evicted now: the next prepare_layer brings the resident bytes under it. */
+void guanaco_residency_set_budget(struct guanaco_residency *r, uint64_t budget_bytes);
+
 #endif

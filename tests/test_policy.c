@@ -464,6 +464,37 @@ static void test_reserve(void) {
     }
 }
 
+/* --guanaco-ram auto resizes the budget once a context's buffers are known: a smaller one is reached at the
+   next evict (protected layer kept), a larger one lets more stay, and layer-lru's shares follow it. */
+static void test_set_budget(void) {
+    uint64_t bytes[2] = {10, 10};
+    for (size_t i = 0; i < N_KINDS; i++) {
+        struct guanaco_policy *policy = make_policy(all_kinds[i], 2, 16, bytes, 60, 0);
+        uint32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7}, missing[8], layers[16], experts[16];
+        size_t n_missing, n_victims;
+        CHECK(guanaco_policy_access(policy, 0, ids, 3, 0, missing, &n_missing) == 0);
+        CHECK(guanaco_policy_access(policy, 1, ids, 3, 1, missing, &n_missing) == 0);
+        guanaco_policy_set_budget(policy, 40);
+        CHECK(guanaco_policy_evict(policy, 1, layers, experts, 16, &n_victims) == 0 && n_victims == 2);
+        CHECK(guanaco_policy_resident_bytes(policy) == 40);
+        for (uint32_t e = 0; e < 3; e++) {
+            CHECK(guanaco_policy_is_resident(policy, 1, e));
+        }
+        guanaco_policy_set_budget(policy, 160);
+        CHECK(guanaco_policy_access(policy, 0, ids, 8, 2, missing, &n_missing) == 0);
+        CHECK(guanaco_policy_access(policy, 1, ids, 8, 3, missing, &n_missing) == 0);
+        CHECK(guanaco_policy_evict(policy, 1, layers, experts, 16, &n_victims) == 0 && n_victims == 0);
+        CHECK(guanaco_policy_resident_bytes(policy) == 160);
+        guanaco_policy_set_budget(policy, 100);
+        CHECK(guanaco_policy_evict(policy, 1, layers, experts, 16, &n_victims) == 0);
+        CHECK(guanaco_policy_resident_bytes(policy) <= 100 && guanaco_policy_resident_bytes(policy) >= 80);
+        if (all_kinds[i] == GUANACO_POLICY_LAYER_LRU) {
+            CHECK(guanaco_policy_layer_target_bytes(policy, 0) == 50); /* half of the new budget */
+        }
+        guanaco_policy_free(policy);
+    }
+}
+
 static void test_cap(void) {
     uint64_t bytes[2] = {10, 10};
     for (size_t i = 0; i < N_KINDS; i++) {
@@ -852,6 +883,7 @@ int main(void) {
     test_lfu_and_layer_lru_victims();
     test_oversubscription_and_capacity();
     test_reserve();
+    test_set_budget();
     test_cap();
     test_guanaco_hint();
     test_guanaco_pin_cools();
