@@ -2,7 +2,9 @@
  * simulate.c - owns the replay of a routing trace through a policy, counting
  * what the live engine would read and evict. It drives the policy exactly as
  * the engine does (access, then evict protecting the layer), so simulated hit
- * rates are the engine's.
+ * rates are the engine's. The pipeline replay adds the engine's read-ahead
+ * (predictor, prompt rule, allowance) and the timing model of simulate.h, so
+ * guanaco-sim and guanaco-plan estimate time with one rule.
  */
 #include "simulate.h"
 
@@ -143,5 +145,277 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
     free(victim_layers);
     free(victim_experts);
     guanaco_policy_free(policy);
+    return err;
+}
+
+/* ---- the pipeline ---- */
+
+bool guanaco_pipeline_is_prompt(size_t distinct_experts, uint32_t n_expert) {
+    return 4 * (uint64_t)distinct_experts >= 3 * (uint64_t)n_expert;
+}
+
+void guanaco_pipeline_layer_time(const struct guanaco_layer_reads *reads, double bytes_per_second,
+                                 struct guanaco_layer_time *out) {
+    double ahead_seconds = (double)reads->ahead_bytes / bytes_per_second;
+    double undone = 0;
+    if (ahead_seconds > 0 && ahead_seconds > reads->window_seconds) {
+        undone = (ahead_seconds - reads->window_seconds) / ahead_seconds;
+    }
+    double used = (double)(reads->ahead_used_bytes < reads->ahead_bytes ? reads->ahead_used_bytes : reads->ahead_bytes);
+    double waited_bytes = (double)reads->demand_bytes + undone * used;
+    out->stall_seconds = waited_bytes / bytes_per_second;
+    out->overlapped_seconds = reads->compute_seconds + out->stall_seconds;
+    out->serial_seconds = reads->compute_seconds + ((double)reads->demand_bytes + used) / bytes_per_second;
+    out->hidden_bytes = used * (1 - undone);
+}
+
+/* Read-ahead started for one layer, waiting for that layer's request. */
+struct pipeline_ahead {
+    bool active;
+    uint32_t layer;
+    uint64_t pass;           /* the request_token of the pass that issued it */
+    double window_seconds;   /* the issuing request's compute */
+    size_t n;                /* experts read ahead: ahead_experts[0..n) */
+    uint64_t bytes;
+};
+
+struct pipeline_run {
+    const struct guanaco_request_trace *trace;
+    const struct guanaco_request_rows *rows;
+    const struct guanaco_pipeline_config *config;
+    struct guanaco_policy *policy;
+    struct guanaco_predictor *predictor;
+    uint64_t budget;
+    uint32_t n_moe_layers;
+    uint32_t *missing, *victim_layers, *victim_experts, *guess;
+    uint32_t *ahead_experts;
+    uint8_t *ahead_mark;     /* per expert of the pending layer: 1 = read ahead */
+    size_t n_slots;
+    struct pipeline_ahead ahead;
+};
+
+static int pipeline_evict(struct pipeline_run *run, uint32_t protect_layer, uint64_t *evictions) {
+    size_t n_victims = 0;
+    int err = guanaco_policy_evict(run->policy, protect_layer, run->victim_layers, run->victim_experts, run->n_slots,
+                                   &n_victims);
+    *evictions += n_victims;
+    return err;
+}
+
+/* The engine's guanaco_engine_read_ahead + guanaco_residency_prefetch, after request r has been served. */
+static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double compute_seconds, uint64_t *evictions) {
+    const struct guanaco_request_trace *trace = run->trace;
+    const struct guanaco_request_rows *rows = run->rows;
+    if (run->config->predictor == GUANACO_PREDICTOR_NONE) {
+        return 0; /* the engine makes no predictor, and reads nothing ahead, prompts included */
+    }
+    uint32_t layer = trace->request_layer[r];
+    size_t first_row = rows->request_row_start[r], n_rows = rows->request_row_start[r + 1] - first_row;
+    const int32_t *ids = rows->ids + first_row * rows->top_k;
+    if (r > 0 && trace->request_token[r - 1] == trace->request_token[r] &&
+        rows->request_row_start[r] - rows->request_row_start[r - 1] == n_rows) {
+        /* the hook observes only when both layers saw the same tokens */
+        int err = guanaco_predictor_observe(run->predictor, trace->request_layer[r - 1],
+                                            rows->ids + rows->request_row_start[r - 1] * rows->top_k, layer, ids,
+                                            rows->top_k, (uint32_t)n_rows);
+        if (err != 0) {
+            return err;
+        }
+    }
+    uint32_t next = guanaco_predictor_next_layer(run->predictor, layer);
+    if (next == UINT32_MAX || trace->expert_bytes[next] == 0) {
+        return 0;
+    }
+    size_t n = 0, n_read = 0;
+    size_t distinct = trace->request_start[r + 1] - trace->request_start[r];
+    if (guanaco_pipeline_is_prompt(distinct, trace->n_expert)) {
+        for (uint32_t e = 0; e < trace->n_expert; e++) {
+            run->guess[n++] = e;
+        }
+        n_read = n;
+    } else {
+        n = guanaco_predictor_predict(run->predictor, layer, ids, rows->top_k, (uint32_t)n_rows, run->guess,
+                                      trace->n_expert);
+        for (; n_read < n; n_read++) {
+            if (!guanaco_policy_is_resident(run->policy, next, run->guess[n_read]) &&
+                guanaco_predictor_probability(run->predictor, n_read, n) < GUANACO_PIPELINE_SURE_PROBABILITY) {
+                break;
+            }
+        }
+    }
+    /* what is not resident, within the read-ahead allowance of half the budget */
+    const uint64_t expert_bytes = trace->expert_bytes[next], allowance = run->budget / 2;
+    size_t wanted = 0;
+    for (size_t i = 0; i < n_read; i++) {
+        if (!guanaco_policy_is_resident(run->policy, next, run->guess[i]) && (wanted + 1) * expert_bytes <= allowance) {
+            run->ahead_experts[wanted++] = run->guess[i];
+        }
+    }
+    if (wanted == 0) {
+        return 0;
+    }
+    guanaco_policy_set_reserve(run->policy, wanted * expert_bytes);
+    int err = pipeline_evict(run, layer, evictions);
+    uint64_t used = guanaco_policy_resident_bytes(run->policy);
+    size_t fits = used < run->budget ? (size_t)((run->budget - used) / expert_bytes) : 0;
+    wanted = fits < wanted ? fits : wanted;
+    guanaco_policy_set_reserve(run->policy, wanted * expert_bytes);
+    run->ahead = (struct pipeline_ahead){.active = wanted > 0, .layer = next, .pass = trace->request_token[r],
+                                         .window_seconds = compute_seconds, .n = wanted,
+                                         .bytes = wanted * expert_bytes};
+    return err;
+}
+
+static void add_time(struct guanaco_pipeline_phase *phase, const struct guanaco_layer_reads *reads,
+                     const struct guanaco_layer_time *time) {
+    phase->serial_seconds += time->serial_seconds;
+    phase->overlapped_seconds += time->overlapped_seconds;
+    phase->stall_seconds += time->stall_seconds;
+    phase->compute_seconds += reads->compute_seconds;
+    phase->demand_bytes += reads->demand_bytes;
+    phase->ahead_bytes += reads->ahead_bytes;
+    phase->ahead_used_bytes += reads->ahead_used_bytes;
+    phase->hidden_bytes += time->hidden_bytes;
+}
+
+static int check_rows(const struct guanaco_request_trace *trace, const struct guanaco_request_rows *rows) {
+    if (!rows || rows->top_k == 0 || rows->top_k > trace->n_expert || !rows->request_row_start ||
+        (trace->n_requests > 0 && !rows->ids)) {
+        return -EINVAL;
+    }
+    for (size_t r = 0; r < trace->n_requests; r++) {
+        if (rows->request_row_start[r + 1] <= rows->request_row_start[r]) {
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const struct guanaco_request_rows *rows,
+                              const struct guanaco_policy_config *policy_config, bool preload,
+                              const struct guanaco_pipeline_config *config, struct guanaco_pipeline_stats *stats) {
+    memset(stats, 0, sizeof(*stats));
+    int err = guanaco_request_trace_check(trace);
+    if (err != 0) {
+        return err;
+    }
+    if (!policy_config || !config || check_rows(trace, rows) != 0 || !(config->bytes_per_second > 0) ||
+        !(config->token_seconds >= 0) || !(config->prompt_token_seconds >= 0)) {
+        return -EINVAL;
+    }
+    struct pipeline_run run = {.trace = trace, .rows = rows, .config = config, .budget = policy_config->budget_bytes};
+    struct guanaco_policy_config geometry = *policy_config;
+    geometry.n_layer = trace->n_layer;
+    geometry.n_expert = trace->n_expert;
+    geometry.expert_bytes = trace->expert_bytes;
+    uint8_t *moe_layer = calloc(trace->n_layer, 1);
+    if (!moe_layer) {
+        return -ENOMEM;
+    }
+    for (uint32_t l = 0; l < trace->n_layer; l++) {
+        moe_layer[l] = trace->expert_bytes[l] > 0;
+        run.n_moe_layers += moe_layer[l];
+    }
+    err = guanaco_policy_create(&geometry, &run.policy);
+    if (err == 0) {
+        struct guanaco_predictor_config predictor_config = {
+            .kind = config->predictor, .n_layer = trace->n_layer, .n_expert = trace->n_expert,
+            .top_k = rows->top_k, .moe_layer = moe_layer, .mass = config->pilot_mass,
+            .half_life = config->pilot_half_life};
+        err = guanaco_predictor_create(&predictor_config, &run.predictor);
+    }
+    free(moe_layer);
+    run.n_slots = (size_t)trace->n_layer * trace->n_expert;
+    run.missing = malloc(trace->n_expert * sizeof(*run.missing));
+    run.guess = malloc(trace->n_expert * sizeof(*run.guess));
+    run.ahead_experts = malloc(trace->n_expert * sizeof(*run.ahead_experts));
+    run.ahead_mark = calloc(trace->n_expert, 1);
+    run.victim_layers = malloc(run.n_slots * sizeof(*run.victim_layers));
+    run.victim_experts = malloc(run.n_slots * sizeof(*run.victim_experts));
+    if (err == 0 && (!run.missing || !run.guess || !run.ahead_experts || !run.ahead_mark || !run.victim_layers ||
+                     !run.victim_experts)) {
+        err = -ENOMEM;
+    }
+    if (err == 0 && preload) {
+        err = preload_policy(trace, &geometry, run.policy, run.missing, run.victim_layers, run.victim_experts,
+                             run.n_slots);
+    }
+    struct guanaco_replay_stats *replay = &stats->replay;
+    size_t pass_rows = 0;
+    for (size_t r = 0; r < trace->n_requests && err == 0; r++) {
+        uint32_t layer = trace->request_layer[r];
+        uint64_t token = trace->request_token[r];
+        size_t start = trace->request_start[r], n = trace->request_start[r + 1] - start;
+        bool new_pass = r == 0 || trace->request_token[r - 1] != token;
+        if (new_pass) {
+            pass_rows = rows->request_row_start[r + 1] - rows->request_row_start[r];
+        }
+        bool prompt = pass_rows > 1;
+        bool timed = !rows->request_timed || rows->request_timed[r];
+        struct guanaco_pipeline_phase *phase = prompt ? &stats->prompt : &stats->decode;
+        if (timed && new_pass) {
+            phase->passes++;
+            phase->tokens += pass_rows;
+        }
+
+        /* read-ahead for this layer is claimed; read-ahead for anything else is dropped, read for nothing */
+        bool claimed = run.ahead.active && run.ahead.layer == layer && run.ahead.pass == token;
+        uint64_t dropped = run.ahead.active && !claimed ? run.ahead.bytes : 0;
+        for (size_t i = 0; claimed && i < run.ahead.n; i++) {
+            run.ahead_mark[run.ahead_experts[i]] = 1;
+        }
+        guanaco_policy_set_reserve(run.policy, 0);
+        size_t n_missing = 0;
+        err = guanaco_policy_access(run.policy, layer, trace->experts + start, n, token, run.missing, &n_missing);
+        if (err == 0) {
+            err = pipeline_evict(&run, layer, &replay->evictions);
+        }
+        size_t n_used = 0;
+        for (size_t i = 0; i < n_missing; i++) {
+            n_used += run.ahead_mark[run.missing[i]];
+        }
+        for (size_t i = 0; claimed && i < run.ahead.n; i++) {
+            run.ahead_mark[run.ahead_experts[i]] = 0;
+        }
+        uint64_t expert_bytes = trace->expert_bytes[layer];
+        struct guanaco_layer_reads reads = {
+            .compute_seconds = (double)pass_rows * (prompt ? config->prompt_token_seconds : config->token_seconds) /
+                               (double)run.n_moe_layers,
+            .window_seconds = claimed ? run.ahead.window_seconds : 0,
+            .ahead_bytes = claimed ? run.ahead.bytes : 0,
+            .ahead_used_bytes = n_used * expert_bytes,
+            .demand_bytes = (n_missing - n_used) * expert_bytes,
+        };
+        replay->requests++;
+        replay->accesses += n;
+        replay->misses += n_missing;
+        replay->hits += n - n_missing;
+        replay->bytes_read += reads.demand_bytes + reads.ahead_bytes + dropped;
+        uint64_t resident = guanaco_policy_resident_bytes(run.policy);
+        if (resident > replay->peak_resident_bytes) {
+            replay->peak_resident_bytes = resident;
+        }
+        if (resident > geometry.budget_bytes && resident - geometry.budget_bytes > replay->worst_overshoot_bytes) {
+            replay->worst_overshoot_bytes = resident - geometry.budget_bytes;
+        }
+        if (timed) {
+            struct guanaco_layer_time time;
+            guanaco_pipeline_layer_time(&reads, config->bytes_per_second, &time);
+            add_time(phase, &reads, &time);
+            phase->ahead_bytes += dropped;
+        }
+        run.ahead.active = false;
+        if (err == 0) {
+            err = pipeline_read_ahead(&run, r, reads.compute_seconds, &replay->evictions);
+        }
+    }
+    guanaco_predictor_free(run.predictor);
+    guanaco_policy_free(run.policy);
+    free(run.missing);
+    free(run.guess);
+    free(run.ahead_experts);
+    free(run.ahead_mark);
+    free(run.victim_layers);
+    free(run.victim_experts);
     return err;
 }

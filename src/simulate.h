@@ -1,7 +1,9 @@
 /*
  * simulate.h - owns replaying a recorded routing trace against a replacement
- * policy (policy.h) and the trace format that belady.h shares. Pure: no I/O;
- * the caller loads the trace however it likes.
+ * policy (policy.h) and the trace format that belady.h shares, and the
+ * timing model of the engine's pipeline (reads overlapped with compute) that
+ * guanaco-sim and guanaco-plan both use. Pure: no I/O; the caller loads the
+ * trace however it likes.
  *
  * A trace is a sequence of requests. A request is the distinct experts one
  * MoE layer needed for one token (or ubatch), all of which must be resident
@@ -12,6 +14,7 @@
 #define GUANACO_SIMULATE_H
 
 #include "policy.h"
+#include "predictor.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -62,5 +65,104 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  */
 uint32_t guanaco_preload_count(uint64_t budget_bytes, uint64_t total_expert_bytes, uint32_t n_expert,
                                uint32_t max_per_layer);
+
+/* ---- the pipeline: reads overlapped with compute ----
+ *
+ * The engine reads layer L's misses when L's ids arrive, then starts reading
+ * ahead what it expects the next MoE layer L' to need, and returns: L
+ * computes while those reads run. At L' it waits only for the reads it
+ * needs that are still in flight, plus its own misses that were not read
+ * ahead. The model of one layer, with B the disk bandwidth:
+ *
+ *   window  = the compute time of the layer that issued the read-ahead (0: none)
+ *   undone  = max(0, ahead / B - window) / (ahead / B)   the share of the read-ahead not yet read
+ *   stall   = (demand + undone * ahead_used) / B          what the layer still waits for
+ *   overlapped time = stall + compute
+ *   serial time     = (demand + ahead_used) / B + compute (the same layer without read-ahead)
+ *
+ * So a layer whose misses were all read ahead takes max(compute of the
+ * issuing layer, reads) when the two computes are equal, and a layer with no
+ * read-ahead takes their sum. Read-ahead still in flight is assumed to be
+ * needed in proportion (ahead_used / ahead); wrong guesses cost disk time
+ * inside the window, never a stall of their own. Compute is spread evenly
+ * over the MoE layers: a pass of n tokens costs n * (compute per token) /
+ * (MoE layers) per layer. What this leaves out: the CPU the kernel spends on
+ * reads (it slows compute on few cores), mapping and eviction time, and a
+ * disk slower than B at the engine's request sizes.
+ */
+
+/* The engine's read-ahead rules (src/engine.c, guanaco_engine_read_ahead), kept equal to its constants:
+   a ubatch that needs at least 3/4 of a layer's experts is a prompt and reads the whole next layer ahead;
+   a decode guess is read ahead only while it is already resident or at least this likely. */
+#define GUANACO_PIPELINE_SURE_PROBABILITY 0.5
+bool guanaco_pipeline_is_prompt(size_t distinct_experts, uint32_t n_expert);
+
+struct guanaco_layer_reads {
+    double compute_seconds;     /* this layer's compute */
+    double window_seconds;      /* compute of the layer that issued this layer's read-ahead; 0 = none */
+    uint64_t ahead_bytes;       /* read ahead for this layer, guessed right or wrong */
+    uint64_t ahead_used_bytes;  /* of those, the bytes this layer needs (at most ahead_bytes) */
+    uint64_t demand_bytes;      /* this layer's misses that were not read ahead */
+};
+
+struct guanaco_layer_time {
+    double serial_seconds;      /* compute + every needed byte read after the ids arrive */
+    double overlapped_seconds;  /* compute + stall */
+    double stall_seconds;
+    double hidden_bytes;        /* needed bytes read ahead and done before the layer started */
+};
+
+/* The model above for one layer; bytes_per_second > 0. */
+void guanaco_pipeline_layer_time(const struct guanaco_layer_reads *reads, double bytes_per_second,
+                                 struct guanaco_layer_time *out);
+
+/* The routed rows behind each request of a guanaco_request_trace, for the predictor. */
+struct guanaco_request_rows {
+    uint32_t top_k;
+    const size_t *request_row_start; /* n_requests + 1: request r is rows [start[r], start[r+1]), at least one */
+    const int32_t *ids;              /* top_k ids per row; ids outside [0, n_expert) are padding */
+    const uint8_t *request_timed;    /* per request, 0 = replayed but not timed (a warmup); NULL = all timed */
+};
+
+struct guanaco_pipeline_config {
+    enum guanaco_predictor_kind predictor; /* NONE: nothing is read ahead (--guanaco-prefetch none) */
+    double pilot_mass, pilot_half_life;    /* 0 = the predictor's defaults */
+    double bytes_per_second;               /* disk read bandwidth, > 0 */
+    double token_seconds;                  /* compute of one decode token (a pass of one token), >= 0 */
+    double prompt_token_seconds;           /* compute of one token of a pass of several tokens, >= 0 */
+};
+
+/* One phase of a pipeline replay: decode (passes of one token) or prompt (passes of several). */
+struct guanaco_pipeline_phase {
+    uint64_t passes, tokens;               /* timed ones */
+    double serial_seconds, overlapped_seconds, stall_seconds, compute_seconds;
+    uint64_t demand_bytes, ahead_bytes, ahead_used_bytes;
+    double hidden_bytes;
+};
+
+struct guanaco_pipeline_stats {
+    struct guanaco_pipeline_phase decode, prompt;
+    struct guanaco_replay_stats replay;    /* every request, timed or not; bytes_read counts demand + ahead */
+};
+
+/*
+ * Replays `trace` as guanaco_simulate does, with the engine's read-ahead on
+ * top, and times every timed request with guanaco_pipeline_layer_time. A
+ * pass is a run of requests with the same token (one ubatch); its phase is
+ * prompt when its first request has more than one row. Per request, in the
+ * engine's order: the policy serves the layer (read-ahead for it that it
+ * needs counts as read ahead, the rest of its misses as demand); the
+ * predictor learns the transition from the pass's previous MoE layer (same
+ * number of rows) and guesses the next MoE layer (a prompt: all of it; else
+ * the leading guesses that are resident or at least
+ * GUANACO_PIPELINE_SURE_PROBABILITY likely); the guesses not resident are
+ * read ahead within half the budget, the policy making room as the engine's
+ * does (guanaco_policy_set_reserve, never evicting this layer). Read-ahead
+ * that the next request does not use is counted as read and dropped.
+ * 0, -EINVAL (bad trace, rows or config), -E2BIG (predictor too large) or -ENOMEM.
+ */
+int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const struct guanaco_request_rows *rows,
+                              const struct guanaco_policy_config *policy_config, bool preload,
+                              const struct guanaco_pipeline_config *config, struct guanaco_pipeline_stats *stats);
 
 #endif

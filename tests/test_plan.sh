@@ -2,7 +2,8 @@
 # test_plan.sh - owns the check of guanaco-plan on tiny synthetic models made
 # by guanaco-mkmodel: its table has one row per tenth of the expert bytes,
 # the expected resident share never falls as the budget grows and never beats
-# Belady's optimum, tok/s follows its stated formula, a --ram budget is the
+# Belady's optimum, tok/s follows its stated formula, the overlapped tok/s
+# follows the pipeline's on a trace worked out by hand, a --ram budget is the
 # largest that fits by the engine's own rule, it says when the routing is
 # synthetic, it measures the disk and labels the compute estimate when they
 # are not given, a split model plans like the whole one, and a missing file,
@@ -78,6 +79,28 @@ status=$?
     echo "$out" | grep -q "over 300 tokens"
 check "--trace: replays the given routing, 300 tokens, and does not claim it synthetic" $? "status $status: $out"
 
+# The overlapped column: the engine's pipeline (src/simulate.h). A trace written in the recorded format by perl:
+# 9 tokens, each routing layer l to experts 2l and 2l+1. At 20% (6.4 experts), lru, every layer misses both
+# experts every token, and from token 1 pilot reads layers 1-3 ahead while the layer before computes. So per
+# token, with R = one layer's reads and C = compute / 4: token 0 takes 4 (R + C), the others R + C + 3 max(C, R).
+perl -e 'open(my $out, ">", $ARGV[0]) or die; binmode $out;
+    print $out pack("a8 V V V V a32 a64", "GNCTRACE", 1, 4, 8, 2, "qwen3moe", "test_plan pipeline");
+    for my $t (0 .. 8) { for my $l (0 .. 3) { print $out pack("V V V v v f< f<", $t, 0, $l, 2 * $l, 2 * $l + 1, 0, 0) } }
+    close($out) or die' "$W/decode.trace"
+check "decode trace written" $? ""
+for predictor in pilot none; do
+    out=$(timeout 60 "$PLAN" "$W/tiny.gguf" --trace "$W/decode.trace" --disk-gbps 0.2 --compute-ms 10 \
+        --predictor $predictor --policy lru 2>&1)
+    check "plans with --predictor $predictor" $? "$out"
+    row=$(rows "$out" | awk '$2 == "20.0"')
+    # columns: budget experts% ram expected optimal mb/token serial-tok/s overlapped-tok/s
+    echo "$row" | awk -v p=$predictor '{ r = $6 / 4 * 1e6 / 0.2e9 * 1e3; c = 10 / 4
+        serial = 4 * (r + c); want = 1000 / serial
+        if (p == "pilot") want = 9000 / (4 * (r + c) + 8 * (r + c + 3 * (c > r ? c : r)))
+        exit !($6 > 0 && $8 > 0.99 * want && $8 < 1.01 * want && $7 > 0.99 * 1000 / serial && $7 < 1.01 * 1000 / serial) }'
+    check "--predictor $predictor at 20%: overlapped tok/s as worked out by hand, serial the sum" $? "$row"
+done
+
 # no --disk-gbps / --compute-ms: measured disk, estimated compute, each labelled
 out=$(timeout 60 "$PLAN" "$W/tiny.gguf" 2>&1)
 status=$?
@@ -113,6 +136,7 @@ expect_error "negative compute" "--compute-ms needs a number of at least 0" "$W/
 expect_error "RAM as words" "--ram needs a size" "$W/tiny.gguf" --ram lots
 expect_error "RAM with a bad unit" "--ram needs a size" "$W/tiny.gguf" --ram 16Q
 expect_error "unknown policy" 'unknown --policy "mru"' "$W/tiny.gguf" --policy mru
+expect_error "unknown predictor" 'unknown --predictor "oracle"' "$W/tiny.gguf" --predictor oracle
 expect_error "unknown flag" "unknown option --budget" "$W/tiny.gguf" --budget 5G
 expect_error "--tokens with --trace" "do not apply with --trace" "$W/tiny.gguf" --trace "$W/tiny.trace" --tokens 9
 finish

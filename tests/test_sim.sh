@@ -8,7 +8,10 @@
 # another shape or a bad budget is refused with a message. --predictor: the
 # pilot predictor's recall is a fraction that grows with the mass, and (on
 # guanaco-tracegen traces) is higher where each layer's routing follows the
-# previous layer's than where it does not.
+# previous layer's than where it does not. The pipeline's timing: on traces
+# whose times are worked out by hand, a layer read ahead in full takes
+# max(compute, reads), one with nothing read ahead their sum, and a prompt
+# ubatch reads the whole next layer ahead.
 # Env: SIM, TRACE_CONVERT, SHARED_DIR, WORKDIR; TRACEGEN for the synthetic predictor checks.
 set -u
 : "${SIM:?}" "${TRACE_CONVERT:?}" "${WORKDIR:?}"
@@ -132,6 +135,80 @@ if [ -n "${MKMODEL:-}" ]; then
     check "Mixtral trace on the 4-layer model is refused" $? "status $status: $mismatch"
 else
     echo "MKMODEL not set: the --model checks are skipped"
+fi
+
+# The pipeline's timing (src/simulate.h), on the tiny model: 4 MoE layers of 8 experts, top-2, E = 13056 bytes
+# per expert. Traces written in the engine's recorded format (docs/TRACE.md) by perl, so a prompt ubatch keeps
+# its rows together. Expected times are computed here by hand, not by the tool.
+# write_trace OUT SPEC: SPEC lines "sequence token layer id id", in file order.
+write_trace() {
+    perl -e 'open(my $out, ">", $ARGV[0]) or die; binmode $out;
+        print $out pack("a8 V V V V a32 a64", "GNCTRACE", 1, 4, 8, 2, "qwen3moe", "test_sim pipeline");
+        while (<STDIN>) { my ($s, $t, $l, $a, $b) = split; print $out pack("V V V v v f< f<", $t, $s, $l, $a, $b, 0, 0) }
+        close($out) or die' "$1"
+}
+# overlap_of OUT PHASE: "serial overlapped" tok/s of the layer-lru line of PHASE in the pipeline table
+overlap_of() { echo "$1" | awk -v ph="$2" '$1 == "layer-lru" && $3 == ph { print $6, $7 }'; }
+if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
+    # Decode: 9 tokens, each routing layer l to experts 2l and 2l+1. Budget 1e (4 experts in all): every layer
+    # misses both experts each token. From token 1 pilot has learnt each transition (probability 1), so layers
+    # 1-3 are read ahead during the previous layer's compute and layer 0 is read on demand. --warmup 1 leaves
+    # tokens 1-8 timed. Reads of one layer: 2E at 261120 B/s = 100 ms.
+    awk 'BEGIN { for (t = 0; t < 9; t++) for (l = 0; l < 4; l++) print 0, t, l, 2 * l, 2 * l + 1 }' | write_trace "$W/decode.trace"
+    check "decode trace written" $? ""
+    timing="--model $W/tiny.gguf --budgets 1e --policies layer-lru --disk-gbps 0.00026112 --warmup 1"
+    for compute in 200 800; do
+        pout=$("$SIM" --trace "$W/decode.trace" $timing --compute-ms $compute --predictor pilot 2>&1)
+        check "guanaco-sim times decode at $compute ms per token" $? "$pout"
+        got=$(overlap_of "$pout" decode)
+        # C = compute / 4 layers; layer 0: 100 + C; layers 1-3: max(C, 100); serial: 4 * (100 + C)
+        want=$(awk -v c=$compute 'BEGIN { c /= 4; o = 100 + c + 3 * (c > 100 ? c : 100); s = 4 * (100 + c)
+            printf "%.2f %.2f", 1000 / s, 1000 / o }')
+        [ -n "$got" ] && [ "$got" = "$want" ]
+        check "every read guessed right: layers 1-3 take max(compute, reads), serial the sum ($compute ms)" $? \
+            "got '$got', want '$want' (serial overlapped)"
+        echo "$pout" | awk '$1 == "layer-lru" && $3 == "decode" && $4 == 8 && $5 == 8 { ok = 1 } END { exit !ok }'
+        check "--warmup 1: 8 of 9 decode passes timed" $? "$pout"
+    done
+    # A budget of 2 experts: the computing layer only, so every layer misses both experts every token.
+    pout=$("$SIM" --trace "$W/decode.trace" $timing --compute-ms 200 --budgets 26112 2>&1)
+    got=$(overlap_of "$pout" decode)
+    [ "$got" = "1.67 1.67" ]
+    check "nothing read ahead (no --predictor): time = compute + reads, 4 * (50 + 100) ms per token" $? \
+        "got '$got'; $pout"
+    csv_overlap=$("$SIM" --trace "$W/decode.trace" $timing --compute-ms 200 --predictor pilot --csv "$W/pipe.csv" \
+        >/dev/null 2>&1; awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+        $1 == "layer-lru" { printf "%.3f", $c["decode_overlap_tokens_per_second"] }' "$W/pipe.csv")
+    [ "$csv_overlap" = "2.222" ]
+    check "CSV: decode_overlap_tokens_per_second 1000 / 450 ms" $? "got '$csv_overlap'"
+
+    # A prompt: one ubatch of 8 rows, row r routing every layer to r and r+1 (mod 8): all 8 experts of each
+    # layer, at least 3/4, so the engine reads the whole next layer ahead. Budget 4e (16 experts) holds the
+    # computing layer and the next one. Reads of a layer: 8E at 1044480 B/s = 100 ms; compute 25 ms per
+    # prompt token, 8 tokens: 50 ms per layer. Layer 0: 100 + 50; layers 1-3: 50 + (100 - 50).
+    awk 'BEGIN { for (l = 0; l < 4; l++) for (r = 0; r < 8; r++) print 0, r, l, r, (r + 1) % 8 }' | write_trace "$W/prompt.trace"
+    check "prompt trace written" $? ""
+    prompt="--model $W/tiny.gguf --budgets 4e --policies layer-lru --disk-gbps 0.00104448 --compute-ms 1000 --prompt-compute-ms 25"
+    pout=$("$SIM" --trace "$W/prompt.trace" $prompt --ubatches --predictor pilot 2>&1)
+    got=$(overlap_of "$pout" prompt)
+    # serial 4 * 150 = 600 ms, overlapped 150 + 3 * 100 = 450 ms, for 8 tokens
+    [ "$got" = "13.33 17.78" ]
+    check "prompt ubatch: the whole next layer read ahead, layers 1-3 take max(compute, reads)" $? "got '$got'; $pout"
+    pout=$("$SIM" --trace "$W/prompt.trace" $prompt --ubatches 2>&1)
+    [ "$(overlap_of "$pout" prompt)" = "13.33 13.33" ]
+    check "prompt ubatch without a predictor: nothing read ahead, the sum" $? "$pout"
+    pout=$("$SIM" --trace "$W/prompt.trace" $prompt --predictor pilot 2>&1)
+    echo "$pout" | awk '$1 == "layer-lru" && $3 == "decode" && $5 == 8 { ok = 1 } $3 == "prompt" { bad = 1 }
+        END { exit !(ok && !bad) }'
+    check "without --ubatches every token is its own pass: 8 decode tokens, no prompt" $? "$pout"
+    for bad in "--warmup 1" "--prompt-compute-ms 5" "--disk-gbps 1 --compute-ms 1 --warmup -1" \
+        "--disk-gbps 1 --compute-ms 1 --prompt-compute-ms x"; do
+        refused=$("$SIM" --trace "$W/prompt.trace" --model "$W/tiny.gguf" --budgets 4e $bad 2>&1)
+        [ $? -eq 2 ]
+        check "refused: $bad" $? "$refused"
+    done
+else
+    echo "MKMODEL not set: the pipeline timing checks are skipped"
 fi
 
 # --predictor: nothing of it shows without the flag.

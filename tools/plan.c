@@ -6,8 +6,10 @@
  * and through Belady's optimum over a sweep of budgets, and prints per budget
  * the RAM it needs, the share of expert accesses served from RAM, and the
  * expected tokens per second from the disk bandwidth and compute time per
- * token, which it measures when they are not given. Then it recommends a
- * --guanaco-ram value.
+ * token, which it measures when they are not given: serially (compute +
+ * reads) and overlapped, as the engine's pipeline reads ahead while a layer
+ * computes (guanaco_simulate_pipeline, the model guanaco-sim uses too).
+ * Then it recommends a --guanaco-ram value.
  *
  * This file owns the command line, the two quick measurements (disk and
  * memory bandwidth) and the output. The replays are the library's
@@ -19,6 +21,7 @@
 #include "io.h"
 #include "manifest.h"
 #include "policy.h"
+#include "predictor.h"
 #include "routing_synth.h"
 #include "simulate.h"
 #include "trace.h"
@@ -55,7 +58,8 @@
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: " PROG " MODEL.gguf [MORE-SHARDS.gguf ...] [--trace FILE ...] [--ram SIZE]\n"
-            "                    [--disk-gbps X] [--compute-ms Y] [--policy NAME] [--tokens N] [--seed S]\n"
+            "                    [--disk-gbps X] [--compute-ms Y] [--policy NAME] [--predictor KIND] [--tokens N]\n"
+            "                    [--seed S]\n"
             "\n"
             "  MODEL.gguf          the model; list every shard of a split model\n"
             "  --trace FILE        routing recorded with --guanaco-trace-out (or converted); several are replayed\n"
@@ -69,9 +73,11 @@ static void print_usage(FILE *out) {
             "                      weights a token touches and a measured memory read bandwidth\n"
             "  --policy NAME       the replacement policy to predict: %s (default layer-lru,\n"
             "                      the engine's default)\n"
+            "  --predictor KIND    the read-ahead to predict, as --guanaco-prefetch: %s (default pilot, the\n"
+            "                      engine's default); none makes the overlapped estimate the serial one\n"
             "  --tokens N          tokens per sequence of the synthetic trace (default: the preset's)\n"
             "  --seed S            seed of the synthetic trace (default: the preset's)\n",
-            guanaco_policy_kind_names());
+            guanaco_policy_kind_names(), guanaco_predictor_kind_names());
 }
 
 struct plan_options {
@@ -83,6 +89,7 @@ struct plan_options {
     bool have_disk_gbps, have_compute_ms;
     uint64_t ram_bytes; /* 0 = not given */
     enum guanaco_policy_kind policy;
+    enum guanaco_predictor_kind predictor;
     unsigned long tokens;
     uint64_t seed;
     bool have_seed;
@@ -112,12 +119,13 @@ static int parse_options(int argc, char **argv, struct plan_options *o) {
     o->models = calloc((size_t)argc, sizeof(*o->models));
     o->traces = calloc((size_t)argc, sizeof(*o->traces));
     o->policy = GUANACO_POLICY_LAYER_LRU;
+    o->predictor = GUANACO_PREDICTOR_PILOT;
     if (!o->models || !o->traces) {
         fprintf(stderr, PROG ": out of memory\n");
         return 2;
     }
     static const char *const with_value[] = {"--trace", "--ram", "--disk-gbps", "--compute-ms",
-                                             "--policy", "--tokens", "--seed"};
+                                             "--policy", "--predictor", "--tokens", "--seed"};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
@@ -150,6 +158,12 @@ static int parse_options(int argc, char **argv, struct plan_options *o) {
             if (err != 0) {
                 fprintf(stderr, PROG ": unknown --policy \"%s\": expected one of %s\n", value,
                         guanaco_policy_kind_names());
+            }
+        } else if (strcmp(arg, "--predictor") == 0) {
+            err = guanaco_predictor_kind_from_name(value, &o->predictor);
+            if (err != 0) {
+                fprintf(stderr, PROG ": unknown --predictor \"%s\": expected one of %s\n", value,
+                        guanaco_predictor_kind_names());
             }
         } else if (strcmp(arg, "--tokens") == 0) {
             err = guanaco_cli_parse_whole(PROG, arg, value, 1u << 24, &o->tokens);
@@ -400,6 +414,7 @@ struct plan_row {
     bool from_ram;          /* the budget --ram leads to */
     struct guanaco_replay_stats expected, optimal;
     double expected_percent, optimal_percent, mb_per_token, tokens_per_second;
+    double overlapped_tokens_per_second; /* the pipeline replay */
 };
 
 static double hit_percent(const struct guanaco_replay_stats *s) {
@@ -506,7 +521,7 @@ int main(int argc, char **argv) {
     }
     for (size_t t = 0; t < options.n_traces; t++) {
         char source[256];
-        if (replay_add_trace_file(PROG, options.traces[t], &geometry, &requests, source, sizeof(source)) != 0) {
+        if (replay_add_trace_file(PROG, options.traces[t], &geometry, &requests, source, sizeof(source), false) != 0) {
             goto done;
         }
         printf("routing      %s: recorded (%s)\n", options.traces[t], source);
@@ -529,7 +544,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, PROG ": cannot generate the synthetic routing: %s\n", strerror(-err));
             goto done;
         }
-        err = replay_append_trace(PROG, &requests, &trace, "the synthetic trace", &geometry);
+        err = replay_append_trace(PROG, &requests, &trace, "the synthetic trace", &geometry, false);
         guanaco_trace_free(&trace);
         if (err != 0) {
             goto done;
@@ -604,14 +619,25 @@ int main(int argc, char **argv) {
         qsort(rows, (size_t)n_rows, sizeof(rows[0]), compare_rows);
     }
     struct guanaco_request_trace replay = replay_request_trace(&geometry, &requests);
+    struct guanaco_request_rows replay_rows = replay_request_rows(&requests, NULL);
+    struct guanaco_pipeline_config pipeline = {
+        .predictor = options.predictor,
+        .bytes_per_second = disk_gbps * 1e9,
+        .token_seconds = compute_ms / 1e3,
+        .prompt_token_seconds = compute_ms / 1e3, /* every pass here is one token */
+    };
     bool all_exact = true;
     for (int r = 0; r < n_rows; r++) {
         struct plan_row *row = &rows[r];
         struct guanaco_policy_config config = {.kind = options.policy, .budget_bytes = row->budget_bytes};
         bool exact = true;
+        struct guanaco_pipeline_stats timed;
         err = guanaco_simulate(&replay, &config, false, &row->expected);
         if (err == 0) {
             err = guanaco_belady(&replay, row->budget_bytes, &row->optimal, &exact);
+        }
+        if (err == 0) {
+            err = guanaco_simulate_pipeline(&replay, &replay_rows, &config, false, &pipeline, &timed);
         }
         if (err != 0) {
             fprintf(stderr, PROG ": replaying at %.2f GiB failed: %s\n", (double)row->budget_bytes / GIB,
@@ -624,26 +650,34 @@ int main(int argc, char **argv) {
         row->mb_per_token = (double)row->expected.bytes_read / (double)requests.n_tokens / 1e6;
         double read_ms = row->mb_per_token * 1e6 / (disk_gbps * 1e9) * 1e3;
         row->tokens_per_second = 1000.0 / (compute_ms + read_ms);
+        double seconds = timed.decode.overlapped_seconds + timed.prompt.overlapped_seconds;
+        row->overlapped_tokens_per_second =
+            seconds > 0 ? (double)(timed.decode.tokens + timed.prompt.tokens) / seconds : INFINITY;
     }
 
     /* small models in MiB, so the budgets do not all print as 0.00 */
     bool in_mib = geometry.total_expert_bytes < (4ull << 30);
     const char *unit = in_mib ? "MiB" : "GiB";
     double scale = in_mib ? MIB : GIB;
-    printf("\n%10s %9s %14s %11s %11s %13s %10s\n", "budget", "experts", "RAM needed", "expected", "optimal",
-           "read", "expected");
-    printf("%10s %9s %14s %11s %11s %13s %10s\n", unit, "%", unit, "resident %", "resident %", "MB/token", "tok/s");
+    printf("\n%10s %9s %14s %11s %11s %13s %10s %11s\n", "budget", "experts", "RAM needed", "expected", "optimal",
+           "read", "expected", "overlapped");
+    printf("%10s %9s %14s %11s %11s %13s %10s %11s\n", unit, "%", unit, "resident %", "resident %", "MB/token",
+           "tok/s", "tok/s");
     for (int r = 0; r < n_rows; r++) {
         const struct plan_row *row = &rows[r];
-        printf("%10.2f %9.1f %14.2f %11.2f %11.2f %13.2f %10.2f%s\n", (double)row->budget_bytes / scale,
+        printf("%10.2f %9.1f %14.2f %11.2f %11.2f %13.2f %10.2f %11.2f%s\n", (double)row->budget_bytes / scale,
                100.0 * (double)row->budget_bytes / (double)geometry.total_expert_bytes,
                ram_needed_bytes(row->budget_bytes, non_expert) / scale, row->expected_percent, row->optimal_percent,
-               row->mb_per_token, row->tokens_per_second, row->from_ram ? "   <- --ram" : "");
+               row->mb_per_token, row->tokens_per_second, row->overlapped_tokens_per_second,
+               row->from_ram ? "   <- --ram" : "");
     }
     printf("\nresident %% = expert accesses served from RAM over %llu tokens, cold start included; RAM needed = "
            "budget + other weights + 1 GiB + 10%% (the engine's --guanaco-ram auto rule);\n"
-           "tok/s = 1000 / (%.2f ms compute + MB/token read at %.2f GB/s)\n",
-           (unsigned long long)requests.n_tokens, compute_ms, disk_gbps);
+           "tok/s = 1000 / (%.2f ms compute + MB/token read at %.2f GB/s), compute and reads one after the other;\n"
+           "overlapped tok/s = the engine's pipeline with %s read-ahead: each MoE layer takes its share of the "
+           "compute plus the reads it still waits for (src/simulate.h)\n",
+           (unsigned long long)requests.n_tokens, compute_ms, disk_gbps,
+           guanaco_predictor_kind_name(options.predictor));
     if (!all_exact) {
         printf("note: expert sizes differ between layers, so \"optimal\" (farthest next use) is a strong heuristic "
                "there, not a bound\n");

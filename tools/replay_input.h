@@ -73,8 +73,13 @@ struct replay_requests {
     uint32_t *layer;
     size_t *start;      /* n_requests + 1 */
     uint32_t *experts;
+    uint64_t *sequence; /* per request: 0, 1, ... across every appended trace */
+    size_t *row_start;  /* n_requests + 1: the routed rows behind request r (guanaco_request_rows) */
+    int32_t *row_ids;   /* top_k per row */
+    uint32_t top_k;
     uint64_t n_tokens;  /* distinct (trace, sequence, token) positions */
     uint64_t n_sequences;
+    uint64_t n_passes;  /* runs of requests with one token: a ubatch, or one decode token */
     size_t n_records;
 };
 
@@ -96,15 +101,30 @@ static inline int replay_compare_order(const void *a, const void *b) {
  * which is execution order for decode. Sequences follow each other and the
  * cache carries over, as for a server answering prompts in turn; a new
  * (sequence, token) is a new tick of the policies' clock.
+ *
+ * With `ubatches`, the records stay in the order they were recorded
+ * (--guanaco-trace-out writes them as the router hook sees them: each MoE
+ * layer of a ubatch, all of its rows). Consecutive records of one sequence
+ * and layer with consecutive tokens are one request, the ubatch's rows; a
+ * request whose layer does not come after the previous one's, or of another
+ * sequence, starts a new pass. The clock is then the first token of the
+ * pass. A trace written sorted (converted, or guanaco-tracegen) has one
+ * token per pass either way.
  */
 static inline int replay_append_trace(const char *program, struct replay_requests *requests,
                                       const struct guanaco_trace *trace, const char *path,
-                                      const struct replay_geometry *geometry) {
+                                      const struct replay_geometry *geometry, bool ubatches) {
     size_t n = trace->n_records;
     uint32_t top_k = trace->shape.top_k;
     if (n == 0) {
         return 0;
     }
+    if (requests->top_k && requests->top_k != top_k) {
+        fprintf(stderr, "%s: %s routes top-%u, the traces before it top-%u\n", program, path, top_k,
+                requests->top_k);
+        return -EINVAL;
+    }
+    requests->top_k = top_k;
     size_t n_requests = requests->n_requests + n, n_experts = requests->start[requests->n_requests] + n * top_k;
     uint64_t *token = realloc(requests->token, n_requests * sizeof(*token));
     if (token) requests->token = token;
@@ -114,11 +134,21 @@ static inline int replay_append_trace(const char *program, struct replay_request
     if (start) requests->start = start;
     uint32_t *experts = realloc(requests->experts, n_experts * sizeof(*experts));
     if (experts) requests->experts = experts;
+    uint64_t *sequences = realloc(requests->sequence, n_requests * sizeof(*sequences));
+    if (sequences) requests->sequence = sequences;
+    size_t n_rows_before = requests->row_start ? requests->row_start[requests->n_requests] : 0;
+    size_t *row_start = realloc(requests->row_start, (n_requests + 1) * sizeof(*row_start));
+    if (row_start) {
+        if (!requests->row_start) row_start[0] = 0;
+        requests->row_start = row_start;
+    }
+    int32_t *row_ids = realloc(requests->row_ids, (n_rows_before + n) * top_k * sizeof(*row_ids));
+    if (row_ids) requests->row_ids = row_ids;
     /* seen[id] == record + 1 when the record already named id: a repeated id needs no second slot */
     size_t *seen = calloc(geometry->n_expert, sizeof(*seen));
     struct replay_order *order = NULL;
     bool sorted = true;
-    for (size_t i = 1; i < n && sorted; i++) {
+    for (size_t i = 1; i < n && sorted && !ubatches; i++) {
         struct replay_order a = {trace->sequence[i - 1], trace->token[i - 1], trace->layer[i - 1], i - 1};
         struct replay_order b = {trace->sequence[i], trace->token[i], trace->layer[i], i};
         sorted = replay_compare_order(&a, &b) < 0;
@@ -133,14 +163,17 @@ static inline int replay_append_trace(const char *program, struct replay_request
             qsort(order, n, sizeof(*order), replay_compare_order);
         }
     }
-    if (!token || !layer || !start || !experts || !seen || (!sorted && !order)) {
+    if (!token || !layer || !start || !experts || !sequences || !row_start || !row_ids || !seen ||
+        (!sorted && !order)) {
         free(seen);
         free(order);
         fprintf(stderr, "%s: out of memory for the requests of %s\n", program, path);
         return -ENOMEM;
     }
-    size_t r = requests->n_requests, e = requests->start[r];
-    uint32_t last_sequence = 0, last_token = 0;
+    size_t r = requests->n_requests, e = requests->start[r], row = n_rows_before, pass_request = SIZE_MAX;
+    uint32_t last_sequence = 0, last_token = 0, last_layer = 0;
+    bool open = false;
+    size_t mark = 0; /* 1 + the record that opened the request: seen[id] == mark when the request has id */
     for (size_t i = 0; i < n; i++) {
         size_t record = sorted ? i : order[i].record;
         uint32_t sequence = trace->sequence[record], position = trace->token[record], l = trace->layer[record];
@@ -151,27 +184,47 @@ static inline int replay_append_trace(const char *program, struct replay_request
             free(order);
             return -EINVAL;
         }
-        if (i == 0 || sequence != last_sequence) {
+        bool new_sequence = i == 0 || sequence != last_sequence;
+        if (new_sequence) {
             requests->n_sequences++;
         }
-        if (i == 0 || sequence != last_sequence || position != last_token) {
-            requests->n_tokens++;
+        bool new_request = true, new_pass = new_sequence || position != last_token;
+        if (ubatches) {
+            new_request = new_sequence || l != last_layer || position != last_token + 1;
+            new_pass = new_request && (new_sequence || l <= last_layer);
+        }
+        if (new_request) {
+            r += open;
+            open = true;
+            mark = i + 1;
+            requests->start[r] = e;
+            requests->row_start[r] = row;
+            /* the clock: the pass's first token, counted over every trace appended */
+            requests->token[r] = new_pass ? requests->n_tokens : requests->token[r - 1];
+            requests->layer[r] = l;
+            requests->sequence[r] = requests->n_sequences - 1;
+            if (new_pass) {
+                requests->n_passes++;
+                pass_request = r;
+            }
         }
         last_sequence = sequence;
         last_token = position;
-        requests->token[r] = requests->n_tokens - 1;
-        requests->layer[r] = l;
-        requests->start[r] = e;
+        last_layer = l;
         for (uint32_t k = 0; k < top_k; k++) {
-            uint32_t id = (uint32_t)trace->ids[record * top_k + k];
-            if (seen[id] != i + 1) {
-                seen[id] = i + 1;
-                requests->experts[e++] = id;
+            int32_t id = trace->ids[record * top_k + k];
+            requests->row_ids[row * top_k + k] = id;
+            if (seen[id] != mark) {
+                seen[id] = mark;
+                requests->experts[e++] = (uint32_t)id;
             }
         }
-        r++;
+        row++;
+        requests->n_tokens += r == pass_request; /* a pass's tokens are its first request's rows */
     }
+    r += open;
     requests->start[r] = e;
+    requests->row_start[r] = row;
     requests->n_requests = r;
     requests->n_records += n;
     free(seen);
@@ -180,6 +233,9 @@ static inline int replay_append_trace(const char *program, struct replay_request
 }
 
 static inline void replay_requests_free(struct replay_requests *requests) {
+    free(requests->sequence);
+    free(requests->row_start);
+    free(requests->row_ids);
     free(requests->token);
     free(requests->layer);
     free(requests->start);
@@ -193,7 +249,8 @@ static inline void replay_requests_free(struct replay_requests *requests) {
  * has none. 0, or a negative errno after a message.
  */
 static inline int replay_add_trace_file(const char *program, const char *path, const struct replay_geometry *geometry,
-                                        struct replay_requests *requests, char *source, size_t source_size) {
+                                        struct replay_requests *requests, char *source, size_t source_size,
+                                        bool ubatches) {
     struct guanaco_trace trace;
     int err = guanaco_trace_load(path, &trace);
     if (err != 0) {
@@ -210,9 +267,20 @@ static inline int replay_add_trace_file(const char *program, const char *path, c
         return -EINVAL;
     }
     snprintf(source, source_size, "%s", trace.shape.source[0] ? trace.shape.source : path);
-    err = replay_append_trace(program, requests, &trace, path, geometry);
+    err = replay_append_trace(program, requests, &trace, path, geometry, ubatches);
     guanaco_trace_free(&trace);
     return err;
+}
+
+/* The rows behind the requests, for guanaco_simulate_pipeline; `timed` may be NULL (every request timed). */
+static inline struct guanaco_request_rows replay_request_rows(const struct replay_requests *requests,
+                                                              const uint8_t *timed) {
+    return (struct guanaco_request_rows){
+        .top_k = requests->top_k,
+        .request_row_start = requests->row_start,
+        .ids = requests->row_ids,
+        .request_timed = timed,
+    };
 }
 
 /* The replay core's view of the requests: borrowed arrays, valid while both arguments live. */

@@ -17,6 +17,12 @@
  * (src/predictor.h) token by token, as the engine calls it, and reports how
  * much of each next MoE layer's routing the guesses covered and at what
  * size: the figures that decide whether prefetching pays for its reads.
+ *
+ * With --disk-gbps and --compute-ms it estimates tokens per second twice:
+ * serially (compute + reads, the old estimate) and as the engine's pipeline
+ * runs, reads ahead overlapping compute (guanaco_simulate_pipeline in
+ * src/simulate.h, the model guanaco-plan uses too), split into decode and
+ * prompt passes.
  */
 #include "belady.h"
 #include "manifest.h"
@@ -50,8 +56,9 @@ static void print_usage(FILE *out) {
     fprintf(out,
             "usage: " PROG " --trace FILE [--trace FILE ...] (--shape NAME [--quant TYPE] | --model MODEL.gguf ...)\n"
             "                   [--budgets LIST] [--policies LIST] [--per-layer-cap N] [--csv OUT.csv]\n"
-            "                   [--plot OUT.png] [--disk-gbps X --compute-ms Y] [--threads N]\n"
+            "                   [--plot OUT.png] [--disk-gbps X --compute-ms Y [--prompt-compute-ms Z]] [--threads N]\n"
             "                   [--predictor none|pilot [--pilot-mass LIST] [--pilot-half-life T] [--verbose]]\n"
+            "                   [--ubatches] [--warmup N]\n"
             "\n"
             "  --trace FILE        a routing trace (docs/TRACE.md); several are replayed back to back\n"
             "  --shape NAME        expert sizes of a named model: mixtral-8x7b (32 layers, 8 experts, top-2)\n"
@@ -68,12 +75,22 @@ static void print_usage(FILE *out) {
             "                      replay after it is counted (belady starts empty)\n"
             "  --csv OUT.csv       also write the table as CSV\n"
             "  --plot OUT.png      also draw miss ratio against budget with gnuplot\n"
-            "  --disk-gbps X       with --compute-ms: disk read speed in GB/s, for predicted tokens/s\n"
-            "  --compute-ms Y      with --disk-gbps: compute time per token in ms\n"
+            "  --disk-gbps X       with --compute-ms: disk read speed in GB/s, for predicted tokens/s, serial\n"
+            "                      (compute + reads) and overlapped (the engine's pipeline, with --predictor's\n"
+            "                      read-ahead; without --predictor nothing is read ahead)\n"
+            "  --compute-ms Y      with --disk-gbps: compute time of one decode token in ms\n"
+            "  --prompt-compute-ms Z  compute time of one token of a prompt ubatch (a pass of several tokens),\n"
+            "                      in ms; default Y, which overstates it: batched tokens compute faster\n"
+            "  --ubatches          replay the records in recorded order, a ubatch (consecutive rows of one\n"
+            "                      layer, as --guanaco-trace-out writes them) as one request: prompts as the\n"
+            "                      engine saw them. Without it every token is its own pass\n"
+            "  --warmup N          the first N passes (ubatches; a decode token is one) of each sequence are\n"
+            "                      replayed but not timed, like llama-bench's warmup run (default 0)\n"
             "  --threads N         replays run at once (default: the online CPUs)\n"
             "  --predictor KIND    also replay the traces through an expert predictor (%s) as the engine\n"
             "                      calls it, and report its recall, set size and precision\n"
-            "  --pilot-mass LIST   comma-separated masses in (0, 1], one replay each (default %g)\n"
+            "  --pilot-mass LIST   comma-separated masses in (0, 1], one replay each (default %g); the\n"
+            "                      overlapped tok/s reads ahead with the first\n"
             "  --pilot-half-life T observed ubatches (here tokens) over which pilot's counts halve (default %g)\n"
             "  --verbose           with --predictor: the recall of each MoE layer's guesses too\n",
             DEFAULT_BUDGETS, guanaco_predictor_kind_names(), GUANACO_PILOT_DEFAULT_MASS,
@@ -239,11 +256,15 @@ struct sim_job {
     size_t budget;
     struct guanaco_replay_stats stats;
     bool exact;
+    bool timed;                           /* pipeline holds the pipeline replay's times */
+    struct guanaco_pipeline_stats pipeline;
     int err;
 };
 
 struct sim_pool {
     const struct guanaco_request_trace *trace;
+    const struct guanaco_request_rows *rows;           /* NULL: no pipeline replay */
+    const struct guanaco_pipeline_config *pipeline;
     const struct sim_budget *budgets;
     uint32_t per_layer_cap;
     double half_life;
@@ -267,6 +288,11 @@ static void run_job(const struct sim_pool *pool, struct sim_job *job) {
     };
     job->exact = true;
     job->err = guanaco_simulate(pool->trace, &config, pool->preload, &job->stats);
+    if (job->err == 0 && pool->rows) {
+        job->err = guanaco_simulate_pipeline(pool->trace, pool->rows, &config, pool->preload, pool->pipeline,
+                                             &job->pipeline);
+        job->timed = job->err == 0;
+    }
 }
 
 static void *pool_worker(void *argument) {
@@ -308,7 +334,15 @@ struct sim_row {
     const struct guanaco_replay_stats *stats;
     double hit_percent, megabytes_per_token, gap_points, gap_closed_percent; /* closed: NAN = n/a */
     double tokens_per_second;                                                /* NAN = not asked */
+    double overlap_tokens_per_second;                                        /* NAN = not replayed */
+    const struct guanaco_pipeline_stats *pipeline;                           /* NULL = not replayed */
 };
+
+/* Tokens per second of a phase, serial or overlapped; NAN when the phase has no timed token. */
+static double phase_rate(const struct guanaco_pipeline_phase *phase, bool overlapped) {
+    double seconds = overlapped ? phase->overlapped_seconds : phase->serial_seconds;
+    return phase->tokens && seconds > 0 ? (double)phase->tokens / seconds : NAN;
+}
 
 static double hit_percent(const struct guanaco_replay_stats *stats) {
     return stats->accesses ? 100.0 * (double)stats->hits / (double)stats->accesses : 0.0;
@@ -317,7 +351,7 @@ static double hit_percent(const struct guanaco_replay_stats *stats) {
 static struct sim_row make_row(const char *name, const struct sim_budget *budget, const struct sim_job *job,
                                const struct sim_job *belady, const struct sim_job *lru, uint64_t n_tokens,
                                double disk_gbps, double compute_ms) {
-    struct sim_row row = {name, budget, &job->stats, hit_percent(&job->stats), 0, 0, NAN, NAN};
+    struct sim_row row = {name, budget, &job->stats, hit_percent(&job->stats), 0, 0, NAN, NAN, NAN, NULL};
     row.megabytes_per_token = n_tokens ? (double)job->stats.bytes_read / (double)n_tokens / 1e6 : 0.0;
     double optimum = hit_percent(&belady->stats), baseline = hit_percent(&lru->stats);
     row.gap_points = optimum - row.hit_percent;
@@ -329,13 +363,20 @@ static struct sim_row make_row(const char *name, const struct sim_budget *budget
         double read_ms = row.megabytes_per_token * 1e6 / (disk_gbps * 1e9) * 1000.0;
         row.tokens_per_second = 1000.0 / (compute_ms + read_ms);
     }
+    if (job->timed) {
+        const struct guanaco_pipeline_stats *p = &job->pipeline;
+        double seconds = p->decode.overlapped_seconds + p->prompt.overlapped_seconds;
+        uint64_t tokens = p->decode.tokens + p->prompt.tokens;
+        row.pipeline = p;
+        row.overlap_tokens_per_second = tokens && seconds > 0 ? (double)tokens / seconds : NAN;
+    }
     return row;
 }
 
 static void print_table_header(bool with_speed) {
     printf("%-10s %8s %8s %8s %10s %10s %10s %9s %9s", "policy", "budget", "GiB", "hit %", "misses",
            "MB/token", "evictions", "gap pts", "closed %");
-    if (with_speed) printf(" %9s", "tok/s");
+    if (with_speed) printf(" %9s %13s", "tok/s", "overlap tok/s");
     printf("\n");
 }
 
@@ -348,14 +389,24 @@ static void print_table_row(const struct sim_row *row) {
     } else {
         printf(" %9.1f", row->gap_closed_percent);
     }
-    if (!isnan(row->tokens_per_second)) printf(" %9.2f", row->tokens_per_second);
+    if (!isnan(row->tokens_per_second)) {
+        printf(" %9.2f", row->tokens_per_second);
+        if (isnan(row->overlap_tokens_per_second)) {
+            printf(" %13s", "-");
+        } else {
+            printf(" %13.2f", row->overlap_tokens_per_second);
+        }
+    }
     printf("\n");
 }
 
 static void print_csv_header(FILE *csv, bool with_speed) {
     fprintf(csv, "policy,budget_percent,budget_bytes,budget_gib,hit_percent,hits,accesses,misses,"
                  "mb_read_per_token,evictions,gap_points,gap_closed_percent%s\n",
-            with_speed ? ",tokens_per_second" : "");
+            with_speed ? ",tokens_per_second,overlap_tokens_per_second,decode_tokens,decode_serial_tokens_per_second,"
+                         "decode_overlap_tokens_per_second,prompt_tokens,prompt_serial_tokens_per_second,"
+                         "prompt_overlap_tokens_per_second,read_ahead_mb,read_ahead_used_mb,hidden_mb"
+                       : "");
 }
 
 static void print_csv_row(FILE *csv, const struct sim_row *row) {
@@ -369,7 +420,23 @@ static void print_csv_row(FILE *csv, const struct sim_row *row) {
     } else {
         fprintf(csv, "%.4f", row->gap_closed_percent);
     }
-    if (!isnan(row->tokens_per_second)) fprintf(csv, ",%.4f", row->tokens_per_second);
+    if (!isnan(row->tokens_per_second)) {
+        fprintf(csv, ",%.4f", row->tokens_per_second);
+        const struct guanaco_pipeline_stats *p = row->pipeline;
+        if (!p) {
+            fprintf(csv, ",n/a,n/a,n/a,n/a,n/a,n/a,n/a,n/a,n/a,n/a");
+        } else {
+            const struct guanaco_pipeline_phase *phases[2] = {&p->decode, &p->prompt};
+            fprintf(csv, ",%.4f", row->overlap_tokens_per_second);
+            for (int i = 0; i < 2; i++) {
+                fprintf(csv, ",%llu,%.4f,%.4f", (unsigned long long)phases[i]->tokens, phase_rate(phases[i], false),
+                        phase_rate(phases[i], true));
+            }
+            fprintf(csv, ",%.4f,%.4f,%.4f", (double)(p->decode.ahead_bytes + p->prompt.ahead_bytes) / 1e6,
+                    (double)(p->decode.ahead_used_bytes + p->prompt.ahead_used_bytes) / 1e6,
+                    (p->decode.hidden_bytes + p->prompt.hidden_bytes) / 1e6);
+        }
+    }
     fprintf(csv, "\n");
 }
 
@@ -491,6 +558,46 @@ static int draw_plot(const char *png, const char *title, const struct sim_budget
     return 0;
 }
 
+/* ---- the pipeline ---- */
+
+/* One line per phase that has timed tokens. */
+static void print_pipeline_row(const struct sim_row *row) {
+    const struct guanaco_pipeline_phase *phases[2] = {&row->pipeline->decode, &row->pipeline->prompt};
+    static const char *const names[2] = {"decode", "prompt"};
+    for (int i = 0; i < 2; i++) {
+        const struct guanaco_pipeline_phase *ph = phases[i];
+        if (ph->tokens == 0) continue;
+        double per_pass = (double)ph->passes;
+        double needed = (double)(ph->demand_bytes + ph->ahead_used_bytes);
+        printf("%-10s %7.2f%% %-7s %7llu %8llu %12.2f %13.2f %15.1f %13.1f %14.1f %13.1f %8.1f\n", row->name,
+               row->budget->percent, names[i], (unsigned long long)ph->passes, (unsigned long long)ph->tokens,
+               phase_rate(ph, false), phase_rate(ph, true), 1000.0 * ph->compute_seconds / per_pass,
+               1000.0 * ph->stall_seconds / per_pass, (double)ph->demand_bytes / 1e6 / per_pass,
+               (double)ph->ahead_bytes / 1e6 / per_pass, needed > 0 ? 100.0 * ph->hidden_bytes / needed : 0.0);
+    }
+}
+
+static void print_pipeline_header(const struct guanaco_pipeline_config *config, uint32_t n_moe_layers,
+                                   unsigned long warmup, bool ubatches) {
+    printf("\npipeline: reads overlapped with compute, per MoE layer time = compute + the reads it still waits for "
+           "(src/simulate.h);\n");
+    if (config->predictor == GUANACO_PREDICTOR_NONE) {
+        printf("          nothing read ahead (no --predictor, as --guanaco-prefetch none): overlapped = serial\n");
+    } else {
+        printf("          read ahead by %s (mass %g), prompts (3/4 of a layer's experts) the whole next layer\n",
+               guanaco_predictor_kind_name(config->predictor),
+               config->pilot_mass > 0 ? config->pilot_mass : GUANACO_PILOT_DEFAULT_MASS);
+    }
+    printf("          disk %.3g GB/s; compute %.4g ms per decode token (%.4g ms per MoE layer), %.4g ms per prompt "
+           "token; %s; %lu warmup pass%s per sequence not timed\n",
+           config->bytes_per_second / 1e9, config->token_seconds * 1e3, config->token_seconds * 1e3 / n_moe_layers,
+           config->prompt_token_seconds * 1e3, ubatches ? "ubatches as recorded" : "one token per pass", warmup,
+           warmup == 1 ? "" : "es");
+    printf("%-10s %8s %-7s %7s %8s %12s %13s %15s %13s %14s %13s %8s\n", "policy", "budget", "phase", "passes",
+           "tokens", "serial tok/s", "overlap tok/s", "compute ms/pass", "stall ms/pass", "demand MB/pass",
+           "ahead MB/pass", "hidden %");
+}
+
 /* ---- expert prediction ---- */
 
 #define MAX_PILOT_MASSES 32
@@ -525,7 +632,6 @@ static int replay_prediction(const struct replay_geometry *geometry, const struc
     uint32_t n_layer = geometry->n_layer, n_expert = geometry->n_expert, k = geometry->top_k;
     memset(result, 0, sizeof(*result));
     uint8_t *moe_layer = malloc(n_layer);
-    int32_t *rows = malloc(2 * (size_t)k * sizeof(*rows));
     uint32_t *guess = malloc(n_expert * sizeof(*guess));
     uint8_t *guessed = calloc(n_expert, 1);
     result->per_layer_routed = calloc(n_layer, sizeof(uint64_t));
@@ -534,7 +640,7 @@ static int replay_prediction(const struct replay_geometry *geometry, const struc
     result->per_layer_guesses = calloc(n_layer, sizeof(uint64_t));
     struct guanaco_predictor *predictor = NULL;
     int err = -ENOMEM;
-    if (!moe_layer || !rows || !guess || !guessed || !result->per_layer_routed || !result->per_layer_hits ||
+    if (!moe_layer || !guess || !guessed || !result->per_layer_routed || !result->per_layer_hits ||
         !result->per_layer_guessed || !result->per_layer_guesses) {
         fprintf(stderr, PROG ": out of memory for the predictor replay\n");
         goto done;
@@ -550,23 +656,22 @@ static int replay_prediction(const struct replay_geometry *geometry, const struc
                 geometry->description, strerror(-err));
         goto done;
     }
-    int32_t *previous = rows, *current = rows + k;
     for (size_t r = 0; r < requests->n_requests; r++) {
-        /* a request holds the layer's distinct experts; the rest of the row of k is padding, ignored */
-        size_t n_ids = requests->start[r + 1] - requests->start[r];
-        for (uint32_t i = 0; i < k; i++) {
-            current[i] = i < n_ids ? (int32_t)requests->experts[requests->start[r] + i] : -1;
-        }
+        /* the request's routed rows: one for a token, all of a ubatch's with --ubatches */
+        const int32_t *current = requests->row_ids + requests->row_start[r] * k;
+        uint32_t n_rows = (uint32_t)(requests->row_start[r + 1] - requests->row_start[r]);
         uint32_t layer = requests->layer[r];
-        if (r > 0 && requests->token[r - 1] == requests->token[r]) {
-            err = guanaco_predictor_observe(predictor, requests->layer[r - 1], previous, layer, current, k, 1);
+        if (r > 0 && requests->token[r - 1] == requests->token[r] &&
+            requests->row_start[r] - requests->row_start[r - 1] == n_rows) {
+            const int32_t *previous = requests->row_ids + requests->row_start[r - 1] * k;
+            err = guanaco_predictor_observe(predictor, requests->layer[r - 1], previous, layer, current, k, n_rows);
             if (err != 0) {
                 fprintf(stderr, PROG ": the predictor refused layers %u -> %u: %s\n", requests->layer[r - 1], layer,
                         strerror(-err));
                 goto done;
             }
         }
-        size_t n_guess = guanaco_predictor_predict(predictor, layer, current, k, 1, guess, n_expert);
+        size_t n_guess = guanaco_predictor_predict(predictor, layer, current, k, n_rows, guess, n_expert);
         uint32_t next = guanaco_predictor_next_layer(predictor, layer);
         if (r + 1 < requests->n_requests && requests->token[r + 1] == requests->token[r] &&
             requests->layer[r + 1] == next) {
@@ -585,15 +690,11 @@ static int replay_prediction(const struct replay_geometry *geometry, const struc
             result->per_layer_routed[layer] += routed;
             result->per_layer_hits[layer] += hits;
         }
-        int32_t *swap = previous;
-        previous = current;
-        current = swap;
     }
     err = 0;
 done:
     guanaco_predictor_free(predictor);
     free(moe_layer);
-    free(rows);
     free(guess);
     free(guessed);
     if (err != 0) {
@@ -661,6 +762,10 @@ struct sim_options {
     const char *predictor, *pilot_masses;
     double pilot_half_life;
     bool verbose;
+    bool ubatches;
+    unsigned long warmup;
+    double prompt_compute_ms;
+    bool have_prompt_compute_ms;
 };
 
 static int parse_positive(const char *flag, const char *text, double *out) {
@@ -690,7 +795,8 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
     static const char *const with_value[] = {"--trace",   "--shape",   "--quant",         "--model",
                                              "--budgets", "--policies", "--per-layer-cap", "--csv",
                                              "--plot",    "--disk-gbps", "--compute-ms",   "--threads",
-                                             "--half-life", "--predictor", "--pilot-mass", "--pilot-half-life"};
+                                             "--half-life", "--predictor", "--pilot-mass", "--pilot-half-life",
+                                             "--warmup", "--prompt-compute-ms"};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
@@ -703,6 +809,10 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         }
         if (strcmp(arg, "--verbose") == 0) {
             options->verbose = true;
+            continue;
+        }
+        if (strcmp(arg, "--ubatches") == 0) {
+            options->ubatches = true;
             continue;
         }
         const char *value = NULL;
@@ -745,6 +855,11 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         } else if (strcmp(arg, "--disk-gbps") == 0) {
             if (parse_positive(arg, value, &options->disk_gbps) != 0) return 2;
             options->have_disk_gbps = true;
+        } else if (strcmp(arg, "--warmup") == 0) {
+            if (parse_whole(arg, value, 1u << 20, &options->warmup) != 0) return 2;
+        } else if (strcmp(arg, "--prompt-compute-ms") == 0) {
+            if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->prompt_compute_ms) != 0) return 2;
+            options->have_prompt_compute_ms = true;
         } else if (strcmp(arg, "--compute-ms") == 0) {
             char *end = NULL;
             errno = 0;
@@ -790,6 +905,11 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
     }
     if (options->have_disk_gbps != options->have_compute_ms) {
         fprintf(stderr, PROG ": --disk-gbps and --compute-ms go together: predicted tokens/s needs both\n");
+        return 2;
+    }
+    if ((options->have_prompt_compute_ms || options->warmup) && !options->have_disk_gbps) {
+        fprintf(stderr, PROG ": --prompt-compute-ms and --warmup time the replay: they need --disk-gbps and "
+                        "--compute-ms\n");
         return 2;
     }
     return 0;
@@ -839,6 +959,7 @@ int main(int argc, char **argv) {
     char *policy_text = strdup(options.policies ? options.policies : "all");
     struct sim_job *jobs = NULL;
     const struct sim_job **points = NULL;
+    uint8_t *timed = NULL;
     FILE *csv = NULL;
     if (!budgets || !budget_text || !policy_text) {
         fprintf(stderr, PROG ": out of memory\n");
@@ -930,7 +1051,8 @@ int main(int argc, char **argv) {
     char sources[512] = "";
     for (size_t t = 0; t < options.n_traces; t++) {
         char source[256];
-        err = replay_add_trace_file(PROG, options.traces[t], &geometry, &requests, source, sizeof(source));
+        err = replay_add_trace_file(PROG, options.traces[t], &geometry, &requests, source, sizeof(source),
+                                    options.ubatches);
         if (err != 0) {
             goto done;
         }
@@ -970,8 +1092,37 @@ int main(int argc, char **argv) {
         if (!lru_listed) row[1 + n_kinds].kind = GUANACO_POLICY_LRU;
         for (size_t j = 0; j < per_budget; j++) row[j].budget = b;
     }
-    struct sim_pool pool = {&replay, budgets, options.per_layer_cap, options.half_life, options.preload, jobs, n_jobs, 0,
-                            PTHREAD_MUTEX_INITIALIZER};
+    /* the pipeline replay: with the speeds, each policy job times the replay too */
+    struct guanaco_pipeline_config pipeline = {
+        .predictor = predictor_kind,
+        .pilot_mass = options.pilot_masses ? pilot_masses[0] : 0,
+        .pilot_half_life = options.pilot_half_life,
+        .bytes_per_second = options.disk_gbps * 1e9,
+        .token_seconds = options.compute_ms / 1e3,
+        .prompt_token_seconds = (options.have_prompt_compute_ms ? options.prompt_compute_ms : options.compute_ms) / 1e3,
+    };
+    struct guanaco_request_rows rows = {0};
+    if (options.have_disk_gbps) {
+        /* a warmup pass is replayed, not timed: the first `warmup` passes of each sequence */
+        timed = malloc(requests.n_requests);
+        if (!timed) {
+            fprintf(stderr, PROG ": out of memory\n");
+            goto done;
+        }
+        uint64_t passes_in_sequence = 0;
+        for (size_t r = 0; r < requests.n_requests; r++) {
+            if (r == 0 || requests.sequence[r] != requests.sequence[r - 1]) {
+                passes_in_sequence = 0;
+            }
+            if (r == 0 || requests.token[r] != requests.token[r - 1]) {
+                passes_in_sequence++;
+            }
+            timed[r] = passes_in_sequence > options.warmup;
+        }
+        rows = replay_request_rows(&requests, timed);
+    }
+    struct sim_pool pool = {&replay, options.have_disk_gbps ? &rows : NULL, &pipeline, budgets, options.per_layer_cap,
+                            options.half_life, options.preload, jobs, n_jobs, 0, PTHREAD_MUTEX_INITIALIZER};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     clock_gettime(CLOCK_MONOTONIC, &clock_start);
     run_jobs(&pool, options.threads ? options.threads : (size_t)(cpus > 0 ? cpus : 1));
@@ -1009,8 +1160,9 @@ int main(int argc, char **argv) {
     printf("\nhit %% = accesses served from RAM; gap pts = belady's hit %% minus the policy's; closed %% = the "
            "share of the lru-to-belady gap the policy closes (n/a when lru is already optimal)\n");
     if (with_speed) {
-        printf("tok/s = 1000 / (%.3g ms compute + MB/token read at %.3g GB/s)\n", options.compute_ms,
-               options.disk_gbps);
+        printf("tok/s = 1000 / (%.3g ms compute + MB/token read at %.3g GB/s), serial; overlap tok/s = timed tokens / "
+               "their time in the pipeline replay below\n",
+               options.compute_ms, options.disk_gbps);
     }
     if (!all_exact) {
         printf("note: expert sizes differ between layers, so belady (farthest next use) is a strong heuristic "
@@ -1019,6 +1171,19 @@ int main(int argc, char **argv) {
     if (options.per_layer_cap) {
         printf("note: the policies hold at most %u experts per layer; belady is not capped\n",
                options.per_layer_cap);
+    }
+    if (with_speed) {
+        print_pipeline_header(&pipeline, geometry.n_moe_layers, options.warmup, options.ubatches);
+        for (size_t b = 0; b < n_budgets; b++) {
+            const struct sim_job *row = &jobs[b * per_budget];
+            for (size_t i = 0; i < n_kinds; i++) {
+                struct sim_row line = make_row(guanaco_policy_kind_name(kinds[i]), &budgets[b], &row[1 + i], &row[0],
+                                               &row[0], requests.n_tokens, options.disk_gbps, options.compute_ms);
+                print_pipeline_row(&line);
+            }
+        }
+        printf("serial = the same reads after each layer's ids arrive; compute and stall per pass are summed over its "
+               "MoE layers; hidden %% = needed bytes read ahead and done before their layer\n");
     }
     printf("loaded in %.2f s; %zu replays in %.2f s\n", load_seconds, n_jobs, replay_seconds);
     if (options.predictor &&
@@ -1055,6 +1220,7 @@ done:
     if (csv) fclose(csv);
     free(jobs);
     free(points);
+    free(timed);
     replay_requests_free(&requests);
     free(geometry.expert_bytes);
     free(budgets);
