@@ -131,6 +131,14 @@ int guanaco_hook_install(struct guanaco_engine *engine, ggml_backend_sched_eval_
    NULL engine accepted (streaming off). */
 void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes);
 
+/*
+ * After a graph computed with the installed pair: the first error of that graph (a negative errno: the
+ * router's ids could not be read, or a layer's experts could not be made resident, which the hook has
+ * already printed), clearing it; 0 when there was none or the pair is not Guanaco's. The hook stopped
+ * the graph where it failed, so its outputs must not be used: llama.cpp fails the decode.
+ */
+int guanaco_hook_take_error(ggml_backend_sched_eval_callback callback, void *user_data);
+
 /* Undo guanaco_hook_install() given the installed pair; other pairs are ignored. */
 void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_data);
 

@@ -6,6 +6,7 @@
  * readahead advice, counting router decisions, and the closing summary.
  */
 #include "engine.h"
+#include "mapping_guard.h"
 #include "log.h"
 #include "simulate.h"
 
@@ -638,6 +639,29 @@ int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const
     return guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, n_ids, token);
 }
 
+/* A truncated file makes reads of its mapping fault; mapping_guard turns that into engine->mapping_faulted,
+   which fails every graph from then on (guanaco_hook_take_error). */
+static int guard_mappings(struct guanaco_engine *engine, char *const *mapping_base) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    engine->guarded_mappings = calloc((size_t)m->n_shards, sizeof(*engine->guarded_mappings));
+    if (!engine->guarded_mappings) {
+        return -ENOMEM;
+    }
+    for (int s = 0; s < m->n_shards; s++) {
+        if (!mapping_base[s]) {
+            continue;
+        }
+        int err = guanaco_mapping_guard_add(mapping_base[s], m->shard_sizes[s], &engine->mapping_faulted);
+        if (err < 0) {
+            /* not fatal: without the guard a truncated file crashes the process, as in plain llama.cpp */
+            guanaco_log_info("cannot guard the mapping of shard %d against truncation: %s", s, strerror(-err));
+            continue;
+        }
+        engine->guarded_mappings[s] = mapping_base[s];
+    }
+    return 0;
+}
+
 int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup lookup, void *user) {
     if (!engine || engine->dry_run) {
         return 0; /* the memory-fit pass maps nothing */
@@ -683,6 +707,9 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
         }
         attached++;
         attached_bytes += e->nbytes;
+    }
+    if (err == 0) {
+        err = guard_mappings(engine, mapping_base);
     }
     if (err == 0 && engine->options.residency) {
         err = start_residency(engine, mapping_base);
@@ -855,6 +882,12 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
         pthread_mutex_destroy(&engine->predictor_lock);
     }
     guanaco_router_gate_free(engine->router_gate);
+    for (int s = 0; engine->guarded_mappings && s < engine->manifest.n_shards; s++) {
+        if (engine->guarded_mappings[s]) {
+            guanaco_mapping_guard_remove(engine->guarded_mappings[s]);
+        }
+    }
+    free(engine->guarded_mappings);
     free(engine->predicted);
     free(engine->predictor_seen);
     for (int s = 0; engine->shard_fds && s < engine->manifest.n_shards; s++) {

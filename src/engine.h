@@ -51,6 +51,9 @@ struct guanaco_engine {
     struct guanaco_router_gate *router_gate;   /* --guanaco-prefetch gate: each layer's router, else NULL */
     uint64_t auto_memory;                      /* --guanaco-ram auto: the memory it divides; 0 otherwise */
     _Atomic int64_t context_bytes;             /* host KV cache and compute buffers of the live contexts */
+    char **guarded_mappings;                   /* per shard: the mapping mapping_guard watches, or NULL */
+    _Atomic int mapping_faulted;               /* a read past the file's end was turned into zeros: fail */
+    _Atomic int told_mapping_faulted;
 };
 
 /* Record one router decision of context `sequence` to --guanaco-trace-out, if on. */

@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define ROUTER_NODE_PREFIX "ffn_moe_topk-"
 
@@ -40,6 +39,7 @@ struct guanaco_hook {
     float *next_scores;       /* gate: the next layer's router scores, GUANACO_GATE_MAX_TOKENS x n_expert */
     void *gate_scratch;       /* gate: one input row converted to the router's dot-product type */
     size_t gate_scratch_bytes;
+    _Atomic int error; /* first error of the graph being computed (negative errno), 0 when none */
 };
 
 /* The MoE layer of a router node, or -1. Called for every node of every graph: keep it cheap. */
@@ -172,6 +172,15 @@ static void read_ahead(struct guanaco_hook *hook, const struct ggml_tensor *topk
     }
 }
 
+/* Marks the graph failed and stops its split: false at ask=false makes the scheduler skip the split's
+   remaining nodes, so nothing reads the experts that could not be made resident. */
+static bool fail(struct guanaco_hook *hook, int err) {
+    int none = 0;
+    atomic_compare_exchange_strong(&hook->error, &none, err);
+    fflush(stderr);
+    return false;
+}
+
 static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_data) {
     struct guanaco_hook *hook = user_data;
     const int layer = router_layer(hook->engine, t);
@@ -180,18 +189,29 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
         return layer >= 0 || user_wants;
     }
     if (layer >= 0) {
+        if (atomic_load(&hook->error)) {
+            return false; /* this graph already failed: compute nothing more of it */
+        }
         int k = 0, n_tokens = 0;
-        if (read_router_ids(hook, t, &k, &n_tokens) == 0) {
+        int err = read_router_ids(hook, t, &k, &n_tokens);
+        if (err < 0) {
+            guanaco_log_error("layer %d: cannot read the router's expert ids (%s): this batch fails", layer,
+                              strerror(-err));
+            return fail(hook, err);
+        }
+        {
             if (hook->engine->replay.n_records && k == hook->engine->manifest.n_expert_used) {
                 overwrite_router_ids(hook, t, layer, k, n_tokens);
             }
-            if (guanaco_engine_prepare_layer(hook->engine, layer, hook->ids, (size_t)k * (size_t)n_tokens,
-                                             hook->rows_seen[layer]) < 0) {
+            err = guanaco_engine_prepare_layer(hook->engine, layer, hook->ids, (size_t)k * (size_t)n_tokens,
+                                               hook->rows_seen[layer]);
+            if (err < 0) {
                 /* The experts of this layer are not all readable: computing would use bytes we could not
-                 * read (or fault on them), so stop here with the error already printed. */
-                guanaco_log_error("stopping: layer %d cannot be computed without its experts", layer);
-                fflush(stderr);
-                _exit(EXIT_FAILURE);
+                 * read (or fault on them). Stopping the split leaves them untouched, and the error reaches
+                 * llama_decode through guanaco_hook_take_error. */
+                guanaco_log_error("layer %d cannot be computed without its experts (%s): this batch fails", layer,
+                                  strerror(-err));
+                return fail(hook, err);
             }
             if (hook->engine->predictor) {
                 read_ahead(hook, t, layer, k, n_tokens);
@@ -244,4 +264,23 @@ void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_d
     free(hook->next_scores);
     free(hook->gate_scratch);
     free(hook);
+}
+
+int guanaco_hook_take_error(ggml_backend_sched_eval_callback callback, void *user_data) {
+    if (callback != guanaco_eval_callback || !user_data) {
+        return 0;
+    }
+    struct guanaco_hook *hook = user_data;
+    int err = atomic_exchange(&hook->error, 0);
+    if (atomic_load(&hook->engine->mapping_faulted)) {
+        /* the graph read zeros where the file's bytes were: this result, and every later one, is void */
+        if (!atomic_exchange(&hook->engine->told_mapping_faulted, 1)) {
+            guanaco_log_error("the model file %s shrank while running (a read past its end was caught): this batch "
+                              "and every later one fail; restart to use the file again",
+                              hook->engine->manifest.shard_paths[0]);
+            fflush(stderr);
+        }
+        return -EIO;
+    }
+    return err;
 }

@@ -35,6 +35,9 @@ file(MAKE_DIRECTORY "${GUANACO_TEST_DIR}")
 guanaco_script_test(imatrix_chain test_imatrix.sh)
 # The real llama-server over loopback, three parallel slots, greedy tokens equal with and without streaming.
 guanaco_script_test(server test_server.sh)
+# A model file truncated or overwritten mid-run: exit 1 with a message from llama-completion, one failed
+# request from llama-server, never a signal (mapping_guard, guanaco_hook_take_error).
+guanaco_script_test(failure test_failure.sh)
 # Trace format unit tests, and the real Mixtral traces converted with their published statistics.
 add_test(NAME trace COMMAND test_trace "${GUANACO_TEST_DIR}")
 guanaco_script_test(trace_convert_mixtral test_trace_convert.sh)
