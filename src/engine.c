@@ -397,10 +397,6 @@ static int start_predictor(struct guanaco_engine *engine) {
     return 0;
 }
 
-/* A decode guess is read only when it is at least this likely: a wrong one costs disk time that demand reads
-   need and CPU time that compute needs, a right one saves no more than its own read. */
-#define PREFETCH_SURE_PROBABILITY 0.5
-
 void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
                                const int32_t *ids, int k, int n_tokens, const float *next_scores, uint64_t token) {
     if (!engine->predictor || k <= 0 || n_tokens <= 0) {
@@ -423,7 +419,7 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
             }
         }
         size_t n = 0, n_read = 0;
-        if (4 * distinct >= 3 * n_expert) {
+        if (guanaco_read_ahead_is_prompt(distinct, n_expert)) {
             /* a prompt: the next layer will need nearly all its experts too, read in file order */
             for (uint32_t e = 0; e < n_expert; e++) {
                 engine->predicted[n++] = e;
@@ -444,7 +440,7 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
                is read only when it is likely enough to pay. */
             for (; n_read < n; n_read++) {
                 if (!guanaco_residency_is_resident(engine->residency, next, engine->predicted[n_read]) &&
-                    guanaco_predictor_probability(engine->predictor, n_read, n) < PREFETCH_SURE_PROBABILITY) {
+                    guanaco_predictor_probability(engine->predictor, n_read, n) < GUANACO_READ_AHEAD_SURE_PROBABILITY) {
                     break;
                 }
             }

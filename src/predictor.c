@@ -181,6 +181,10 @@ double guanaco_predictor_probability(const struct guanaco_predictor *p, size_t i
     return p->ops->probability(p->impl, i);
 }
 
+bool guanaco_read_ahead_is_prompt(size_t distinct_experts, uint32_t n_expert) {
+    return 4 * (uint64_t)distinct_experts >= 3 * (uint64_t)n_expert;
+}
+
 uint32_t guanaco_predictor_next_layer(const struct guanaco_predictor *p, uint32_t layer) {
     return p && layer < p->n_layer ? p->next_layer[layer] : UINT32_MAX;
 }

@@ -103,6 +103,15 @@ int guanaco_predictor_recall(const struct guanaco_predictor *p, uint32_t layer,
    that call returned, `emitted`; 0 otherwise). The guesses come most likely first, so this falls with i. */
 double guanaco_predictor_probability(const struct guanaco_predictor *p, size_t i, size_t emitted);
 
+/*
+ * The engine's read-ahead rules, which guanaco-sim replays: a ubatch that needs at least 3/4 of a layer's
+ * experts is a prompt, and reads the whole next layer ahead (the next layer will need nearly all of it
+ * too); a decode guess is read ahead only while it is resident already or at least this likely (a wrong
+ * one costs disk time that demand reads need, and CPU time that compute needs).
+ */
+#define GUANACO_READ_AHEAD_SURE_PROBABILITY 0.5
+bool guanaco_read_ahead_is_prompt(size_t distinct_experts, uint32_t n_expert);
+
 /* The next MoE layer after `layer`, or UINT32_MAX when there is none. */
 uint32_t guanaco_predictor_next_layer(const struct guanaco_predictor *p, uint32_t layer);
 

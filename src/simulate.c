@@ -150,10 +150,6 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
 
 /* ---- the pipeline ---- */
 
-bool guanaco_pipeline_is_prompt(size_t distinct_experts, uint32_t n_expert) {
-    return 4 * (uint64_t)distinct_experts >= 3 * (uint64_t)n_expert;
-}
-
 void guanaco_pipeline_layer_time(const struct guanaco_layer_reads *reads, double bytes_per_second,
                                  struct guanaco_layer_time *out) {
     double ahead_seconds = (double)reads->ahead_bytes / bytes_per_second;
@@ -228,7 +224,7 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
     }
     size_t n = 0, n_read = 0;
     size_t distinct = trace->request_start[r + 1] - trace->request_start[r];
-    if (guanaco_pipeline_is_prompt(distinct, trace->n_expert)) {
+    if (guanaco_read_ahead_is_prompt(distinct, trace->n_expert)) {
         for (uint32_t e = 0; e < trace->n_expert; e++) {
             run->guess[n++] = e;
         }
@@ -238,7 +234,7 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
                                       trace->n_expert);
         for (; n_read < n; n_read++) {
             if (!guanaco_policy_is_resident(run->policy, next, run->guess[n_read]) &&
-                guanaco_predictor_probability(run->predictor, n_read, n) < GUANACO_PIPELINE_SURE_PROBABILITY) {
+                guanaco_predictor_probability(run->predictor, n_read, n) < GUANACO_READ_AHEAD_SURE_PROBABILITY) {
                 break;
             }
         }

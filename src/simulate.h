@@ -91,11 +91,8 @@ uint32_t guanaco_preload_count(uint64_t budget_bytes, uint64_t total_expert_byte
  * disk slower than B at the engine's request sizes.
  */
 
-/* The engine's read-ahead rules (src/engine.c, guanaco_engine_read_ahead), kept equal to its constants:
-   a ubatch that needs at least 3/4 of a layer's experts is a prompt and reads the whole next layer ahead;
-   a decode guess is read ahead only while it is already resident or at least this likely. */
-#define GUANACO_PIPELINE_SURE_PROBABILITY 0.5
-bool guanaco_pipeline_is_prompt(size_t distinct_experts, uint32_t n_expert);
+/* The engine's read-ahead rules are the runtime's (predictor.h: guanaco_read_ahead_is_prompt and
+   GUANACO_READ_AHEAD_SURE_PROBABILITY); the replay below applies the same ones. */
 
 struct guanaco_layer_reads {
     double compute_seconds;     /* this layer's compute */
@@ -155,7 +152,7 @@ struct guanaco_pipeline_stats {
  * predictor learns the transition from the pass's previous MoE layer (same
  * number of rows) and guesses the next MoE layer (a prompt: all of it; else
  * the leading guesses that are resident or at least
- * GUANACO_PIPELINE_SURE_PROBABILITY likely); the guesses not resident are
+ * GUANACO_READ_AHEAD_SURE_PROBABILITY likely); the guesses not resident are
  * read ahead within half the budget, the policy making room as the engine's
  * does (guanaco_policy_set_reserve, never evicting this layer). Read-ahead
  * that the next request does not use is counted as read and dropped.
