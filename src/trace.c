@@ -99,6 +99,8 @@ struct guanaco_trace_writer {
     size_t buffered;
     int error;         /* first write error, sticky: a trace with a hole in it is worse than none */
     size_t n_records;  /* appended, for the error message */
+    uint32_t *id_seen; /* n_expert entries: the append (stamp) that last named each id, to refuse a repeat */
+    uint32_t stamp;
 };
 
 /* Writes everything buffered. Called with the lock held (or before sharing). */
@@ -145,9 +147,11 @@ int guanaco_trace_writer_open(const char *path, const struct guanaco_trace_shape
     size_t capacity = WRITER_BUFFER_BYTES > writer->record_bytes ? WRITER_BUFFER_BYTES : writer->record_bytes;
     writer->buffer = malloc(capacity);
     writer->path = strdup(path);
-    if (!writer->buffer || !writer->path) {
+    writer->id_seen = calloc(shape->n_expert, sizeof(*writer->id_seen));
+    if (!writer->buffer || !writer->path || !writer->id_seen) {
         free(writer->buffer);
         free(writer->path);
+        free(writer->id_seen);
         free(writer);
         return -ENOMEM;
     }
@@ -155,6 +159,7 @@ int guanaco_trace_writer_open(const char *path, const struct guanaco_trace_shape
     if (err != 0) {
         free(writer->buffer);
         free(writer->path);
+        free(writer->id_seen);
         free(writer);
         return -err;
     }
@@ -165,6 +170,7 @@ int guanaco_trace_writer_open(const char *path, const struct guanaco_trace_shape
         pthread_mutex_destroy(&writer->lock);
         free(writer->buffer);
         free(writer->path);
+        free(writer->id_seen);
         free(writer);
         return -err;
     }
@@ -179,6 +185,13 @@ int guanaco_trace_writer_open(const char *path, const struct guanaco_trace_shape
     memcpy(h + HEADER_ARCH, writer->shape.arch, sizeof(writer->shape.arch));
     memcpy(h + HEADER_SOURCE, writer->shape.source, sizeof(writer->shape.source));
     writer->buffered = GUANACO_TRACE_HEADER_BYTES;
+    /* The header goes out now: a destination that cannot take even that (/dev/full, a full disk)
+       is refused here, before a run records into it, rather than at close when the run is over. */
+    err = writer_flush(writer);
+    if (err != 0) {
+        guanaco_trace_writer_close(writer);
+        return err;
+    }
     *out = writer;
     return 0;
 }
@@ -201,6 +214,20 @@ int guanaco_trace_writer_append(struct guanaco_trace_writer *writer, uint32_t se
     }
 
     pthread_mutex_lock(&writer->lock);
+    /* One rule with the loader and the converter: an expert is chosen at most once per decision. */
+    if (++writer->stamp == 0) {
+        memset(writer->id_seen, 0, shape->n_expert * sizeof(*writer->id_seen));
+        writer->stamp = 1;
+    }
+    for (uint32_t k = 0; k < shape->top_k; k++) {
+        if (writer->id_seen[ids[k]] == writer->stamp) {
+            pthread_mutex_unlock(&writer->lock);
+            guanaco_log_error("%s: routing record for layer %u token %u names expert %d twice", writer->path,
+                              layer, token, ids[k]);
+            return -EINVAL;
+        }
+        writer->id_seen[ids[k]] = writer->stamp;
+    }
     int err = writer->error;
     if (err == 0 && writer->buffered + writer->record_bytes > WRITER_BUFFER_BYTES) {
         err = writer_flush(writer);
@@ -240,66 +267,72 @@ int guanaco_trace_writer_close(struct guanaco_trace_writer *writer) {
     pthread_mutex_destroy(&writer->lock);
     free(writer->buffer);
     free(writer->path);
+    free(writer->id_seen);
     free(writer);
     return err;
 }
 
 /* ---- reader ---- */
 
-/* Reads the whole file into memory; a trace is small next to the model it describes. */
-static int read_whole_file(const char *path, unsigned char **data, size_t *size) {
-    *data = NULL;
-    *size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int err = errno;
-        guanaco_log_error("%s: cannot open the routing trace: %s", path, strerror(err));
-        return -err;
-    }
-    struct stat st;
-    size_t capacity = 1 << 16;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size < SIZE_MAX - 1) {
-        capacity = (size_t)st.st_size + 1; /* +1 so that reading EOF needs no growth */
-    }
-    unsigned char *buffer = malloc(capacity);
-    if (!buffer) {
-        close(fd);
-        return -ENOMEM;
-    }
+/* Reads exactly `size` bytes at the file's current offset; -EINVAL after a message when the file ends first. */
+static int read_exactly(const char *path, int fd, unsigned char *buffer, size_t size, unsigned long long offset) {
     size_t used = 0;
-    for (;;) {
-        if (used == capacity) {
-            unsigned char *grown = capacity <= SIZE_MAX / 2 ? realloc(buffer, capacity * 2) : NULL;
-            if (!grown) {
-                free(buffer);
-                close(fd);
-                return -ENOMEM;
-            }
-            buffer = grown;
-            capacity *= 2;
-        }
-        ssize_t n = read(fd, buffer + used, capacity - used);
+    while (used < size) {
+        ssize_t n = read(fd, buffer + used, size - used);
         if (n < 0 && errno == EINTR) {
             continue;
         }
         if (n < 0) {
             int err = errno;
             guanaco_log_error("%s: reading the routing trace failed: %s", path, strerror(err));
-            free(buffer);
-            close(fd);
             return -err;
         }
         if (n == 0) {
-            break;
+            guanaco_log_error("%s: the file ended at byte %llu, before the size it had when opened: it shrank "
+                              "while being read", path, offset + used);
+            return -EINVAL;
         }
         used += (size_t)n;
     }
-    close(fd);
-    *data = buffer;
-    *size = used;
     return 0;
 }
 
+/*
+ * Opens a trace for reading. Only a regular file: its size says how many
+ * records it holds, so everything read below is bounded by it. A pipe or a
+ * device (/dev/zero) has no size and could feed the reader forever. O_NONBLOCK
+ * makes opening a FIFO return at once instead of waiting for a writer.
+ */
+static int open_trace_file(const char *path, int *fd_out, uint64_t *size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        int err = errno;
+        guanaco_log_error("%s: cannot open the routing trace: %s", path, strerror(err));
+        return -err;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        guanaco_log_error("%s: cannot stat the routing trace: %s", path, strerror(err));
+        close(fd);
+        return -err;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        guanaco_log_error("%s: not a regular file (a %s): a routing trace is read from a file, whose size gives "
+                          "its number of records; save the stream to a file first",
+                          path, S_ISFIFO(st.st_mode) ? "pipe" : S_ISDIR(st.st_mode) ? "directory"
+                                : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "device" : "special file");
+        close(fd);
+        return -EINVAL;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) {
+        (void)fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    }
+    *fd_out = fd;
+    *size = (uint64_t)st.st_size;
+    return 0;
+}
 /* Copies a fixed-size, NUL-padded text field; -EINVAL when it holds no NUL. */
 static int read_text_field(const char *path, const char *name, const unsigned char *field, char *out,
                            size_t size) {
@@ -344,8 +377,10 @@ static int parse_header(const char *path, const unsigned char *data, size_t size
     return err;
 }
 
-/* Decodes and checks record `index`, which starts at `r`. */
-static int parse_record(const char *path, const unsigned char *r, size_t index, struct guanaco_trace *out) {
+/* Decodes and checks record `index`, which starts at `r`. id_seen (n_expert entries) holds, for each id, the
+   index + 1 of the last record that named it, to refuse a repeat within a record. */
+static int parse_record(const char *path, const unsigned char *r, size_t index, size_t *id_seen,
+                        struct guanaco_trace *out) {
     const struct guanaco_trace_shape *shape = &out->shape;
     size_t record_bytes = guanaco_trace_record_bytes(shape->top_k);
     unsigned long long offset = GUANACO_TRACE_HEADER_BYTES + (unsigned long long)index * record_bytes;
@@ -371,53 +406,108 @@ static int parse_record(const char *path, const unsigned char *r, size_t index, 
                               path, index, offset, id, shape->n_expert);
             return -EINVAL;
         }
+        /* The converter's rule, and guanaco_request_trace_check's: a router picks an expert at most once. */
+        if (id_seen[id] == index + 1) {
+            guanaco_log_error("%s: record %zu (byte %llu) names expert %u twice: corrupt record", path, index,
+                              offset, id);
+            return -EINVAL;
+        }
+        id_seen[id] = index + 1;
         out->ids[index * shape->top_k + k] = id;
         out->weights[index * shape->top_k + k] = get_f32(weight_bytes + 4 * k);
     }
     return 0;
 }
 
+/* Bytes of memory one loaded record takes: sequence, token and layer, and an int32 id and a float weight per k. */
+static uint64_t loaded_record_bytes(uint32_t top_k) { return 12u + 8u * (uint64_t)top_k; }
+
+/* Physical memory of this machine, or 0 when unknown. */
+static uint64_t physical_memory_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+/* Records are read in chunks of about this many bytes, so the file is never copied whole. */
+#define READ_CHUNK_BYTES (1u << 20)
+
 int guanaco_trace_load(const char *path, struct guanaco_trace *out) {
     memset(out, 0, sizeof(*out));
-    unsigned char *data = NULL;
-    size_t size = 0;
-    int err = read_whole_file(path, &data, &size);
+    int fd = -1;
+    uint64_t size = 0;
+    int err = open_trace_file(path, &fd, &size);
     if (err != 0) {
         return err;
     }
-    err = parse_header(path, data, size, &out->shape);
+    /* The header first: a file that is not a trace is refused before its size is trusted for anything. */
+    unsigned char header[GUANACO_TRACE_HEADER_BYTES];
+    size_t header_bytes = size < sizeof(header) ? (size_t)size : sizeof(header);
+    err = read_exactly(path, fd, header, header_bytes, 0);
+    if (err == 0) {
+        err = parse_header(path, header, header_bytes, &out->shape);
+    }
     if (err != 0) {
-        free(data);
+        close(fd);
+        memset(out, 0, sizeof(*out));
         return err;
     }
+    /* The size gives the number of records; the header's shape gives their size. */
     size_t record_bytes = guanaco_trace_record_bytes(out->shape.top_k);
-    size_t body = size - GUANACO_TRACE_HEADER_BYTES;
-    size_t n_records = body / record_bytes;
+    uint64_t body = size - GUANACO_TRACE_HEADER_BYTES;
+    uint64_t n_records = body / record_bytes;
     if (body % record_bytes != 0) {
-        guanaco_log_error("%s: truncated: record %zu is partial (%zu of its %zu bytes); the file holds %zu "
-                          "whole records", path, n_records, body % record_bytes, record_bytes, n_records);
-        free(data);
+        guanaco_log_error("%s: truncated: record %llu is partial (%llu of its %zu bytes); the file holds %llu "
+                          "whole records", path, (unsigned long long)n_records,
+                          (unsigned long long)(body % record_bytes), record_bytes, (unsigned long long)n_records);
+        close(fd);
         return -EINVAL;
     }
-    size_t n_values = n_records * out->shape.top_k; /* cannot overflow: n_values * 6 < size */
-    size_t n_allocated = n_records ? n_records : 1; /* malloc(0) may return NULL */
+    /* Loaded, a record takes about as much memory as in the file; refuse what this machine cannot hold
+       rather than be killed for it. */
+    uint64_t memory = physical_memory_bytes();
+    uint64_t needed = n_records * loaded_record_bytes(out->shape.top_k);
+    if (n_records > SIZE_MAX / out->shape.top_k / sizeof(int32_t) || (memory && needed > memory)) {
+        guanaco_log_error("%s: %llu records of top-%u would take %.1f GiB of memory once loaded, more than this "
+                          "machine's %.1f GiB", path, (unsigned long long)n_records, out->shape.top_k,
+                          (double)needed / 1073741824.0, (double)memory / 1073741824.0);
+        close(fd);
+        return -ENOMEM;
+    }
+    size_t n_values = (size_t)n_records * out->shape.top_k;
+    size_t n_allocated = n_records ? (size_t)n_records : 1; /* malloc(0) may return NULL */
     size_t n_values_allocated = n_values ? n_values : 1;
     out->sequence = malloc(n_allocated * sizeof(*out->sequence));
     out->token = malloc(n_allocated * sizeof(*out->token));
     out->layer = malloc(n_allocated * sizeof(*out->layer));
     out->ids = malloc(n_values_allocated * sizeof(*out->ids));
     out->weights = malloc(n_values_allocated * sizeof(*out->weights));
-    if (!out->sequence || !out->token || !out->layer || !out->ids || !out->weights) {
-        free(data);
-        guanaco_trace_free(out);
-        return -ENOMEM;
+    size_t per_chunk = READ_CHUNK_BYTES / record_bytes ? READ_CHUNK_BYTES / record_bytes : 1;
+    unsigned char *chunk = malloc(per_chunk * record_bytes);
+    size_t *id_seen = calloc(out->shape.n_expert, sizeof(*id_seen));
+    if (!out->sequence || !out->token || !out->layer || !out->ids || !out->weights || !chunk || !id_seen) {
+        guanaco_log_error("%s: out of memory for %llu routing records (%.1f GiB)", path,
+                          (unsigned long long)n_records, (double)needed / 1073741824.0);
+        err = -ENOMEM;
     }
-    out->n_records = n_records;
-    const unsigned char *records = data + GUANACO_TRACE_HEADER_BYTES;
-    for (size_t i = 0; i < n_records && err == 0; i++) {
-        err = parse_record(path, records + i * record_bytes, i, out);
+    out->n_records = (size_t)n_records;
+    for (size_t first = 0; first < out->n_records && err == 0; first += per_chunk) {
+        size_t n = out->n_records - first < per_chunk ? out->n_records - first : per_chunk;
+        err = read_exactly(path, fd, chunk, n * record_bytes,
+                           GUANACO_TRACE_HEADER_BYTES + (unsigned long long)first * record_bytes);
+        for (size_t i = 0; i < n && err == 0; i++) {
+            err = parse_record(path, chunk + i * record_bytes, first + i, id_seen, out);
+        }
     }
-    free(data);
+    /* Appended to while being read: what was read may end inside a record the writer had not finished. */
+    struct stat st;
+    if (err == 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size != size) {
+        guanaco_log_error("%s: its size changed from %llu to %llu bytes while it was read; read it once it is "
+                          "complete", path, (unsigned long long)size, (unsigned long long)st.st_size);
+        err = -EINVAL;
+    }
+    free(chunk);
+    free(id_seen);
+    close(fd);
     if (err != 0) {
         guanaco_trace_free(out);
     }

@@ -38,13 +38,16 @@ size_t guanaco_trace_record_bytes(uint32_t top_k);
  */
 struct guanaco_trace_writer;
 
-/* Creates (or truncates) `path` and writes the header. -EINVAL for a shape a
- * trace cannot hold, or the open's negative errno. */
+/* Creates (or truncates) `path` and writes the header through to it, so that
+ * a destination that cannot take even that (/dev/full, a full disk) fails
+ * here. -EINVAL for a shape a trace cannot hold, or the open's or the
+ * write's negative errno (e.g. -ENOSPC); *out is NULL then. */
 int guanaco_trace_writer_open(const char *path, const struct guanaco_trace_shape *shape,
                               struct guanaco_trace_writer **out);
 
 /* Appends one routing decision: top_k ids, and top_k weights or NULL for all
- * zero. -EINVAL (nothing written) for a layer or id outside the shape; a
+ * zero. -EINVAL (nothing written) for a layer or id outside the shape or an
+ * id named twice (the loader and the converter refuse that too); a
  * negative errno (e.g. -ENOSPC) when a write failed, after which the writer
  * keeps failing with that error. */
 int guanaco_trace_writer_append(struct guanaco_trace_writer *writer, uint32_t sequence, uint32_t token,
@@ -66,9 +69,13 @@ struct guanaco_trace {
 };
 
 /* Reads and validates a trace: magic, version, shape, whole records only,
- * every layer < n_layer and id < n_expert. Returns 0, or a negative errno
- * after a message naming the file (and the record where one is at fault):
- * -EINVAL for a file that is not a valid trace, including a truncated one. */
+ * every layer < n_layer and id < n_expert, no id twice in a record. Only a
+ * regular file is read, and no more of it than its size at open: a pipe or a
+ * device (/dev/zero) has no size to bound the read. Returns 0, or a negative
+ * errno after a message naming the file (and the record where one is at
+ * fault): -EINVAL for a file that is not a valid trace (a truncated one, one
+ * whose size changed while it was read, a pipe or a device), -ENOMEM when its
+ * records would not fit in this machine's memory. */
 int guanaco_trace_load(const char *path, struct guanaco_trace *out);
 
 void guanaco_trace_free(struct guanaco_trace *trace);

@@ -9,6 +9,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -531,33 +532,129 @@ static int add_record(struct conversion *conversion, const struct parsed_line *l
     return 0;
 }
 
-static int read_input(struct conversion *conversion, size_t *n_lines) {
-    FILE *in = fopen(conversion->path, "r");
-    if (!in) {
+/*
+ * Opens the routing log. Only a regular file: its size bounds what is read
+ * (and so the memory the records take), where a pipe or a device such as
+ * /dev/zero could feed the converter forever. O_NONBLOCK makes opening a FIFO
+ * return at once instead of waiting for a writer.
+ */
+static int open_input(const char *path, FILE **out, uint64_t *size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
         int err = errno;
-        guanaco_log_error("%s: cannot open the routing log: %s", conversion->path, strerror(err));
+        guanaco_log_error("%s: cannot open the routing log: %s", path, strerror(err));
         return -err;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int err = errno;
+        if (err == 0 || S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode) || S_ISDIR(st.st_mode) || S_ISBLK(st.st_mode)) {
+            guanaco_log_error("%s: not a regular file (a %s): the routing log is read from a file, whose size "
+                              "bounds the read; save the stream to a file first",
+                              path, S_ISFIFO(st.st_mode) ? "pipe" : S_ISDIR(st.st_mode) ? "directory"
+                                    : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "device" : "special file");
+            err = EINVAL;
+        } else {
+            guanaco_log_error("%s: cannot stat the routing log: %s", path, strerror(err));
+        }
+        close(fd);
+        return -err;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) {
+        (void)fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    }
+    *out = fdopen(fd, "r");
+    if (!*out) {
+        int err = errno;
+        close(fd);
+        return -err;
+    }
+    *size = (uint64_t)st.st_size;
+    return 0;
+}
+
+/*
+ * Reads one line, without its '\n', into *text. Returns its length, -1 at
+ * the end of the file, or -2 when a NUL byte arrives: the read stops there,
+ * so a file of zeros costs one byte of buffer, not its whole size. *consumed
+ * counts every byte taken from the file.
+ */
+static ssize_t read_line(FILE *in, char **text, size_t *capacity, uint64_t *consumed) {
+    size_t length = 0;
+    int c;
+    flockfile(in);
+    while ((c = getc_unlocked(in)) != EOF) {
+        (*consumed)++;
+        if (length + 1 >= *capacity) {
+            size_t grown = *capacity ? *capacity * 2 : 256;
+            char *bigger = realloc(*text, grown);
+            if (!bigger) {
+                funlockfile(in);
+                errno = ENOMEM;
+                return -3;
+            }
+            *text = bigger;
+            *capacity = grown;
+        }
+        if (c == '\n') {
+            break;
+        }
+        (*text)[length++] = (char)c;
+        if (c == '\0') {
+            funlockfile(in);
+            (*text)[length] = '\0';
+            return -2; /* the NUL is the last byte of *text */
+        }
+    }
+    funlockfile(in);
+    if (c == EOF && length == 0) {
+        return -1;
+    }
+    (*text)[length] = '\0';
+    return (ssize_t)length;
+}
+
+static int read_input(struct conversion *conversion, size_t *n_lines) {
+    FILE *in = NULL;
+    uint64_t size = 0, consumed = 0;
+    int err = open_input(conversion->path, &in, &size);
+    if (err != 0) {
+        return err;
     }
     struct parsed_line line;
     memset(&line, 0, sizeof(line));
     char *text = NULL;
     size_t text_capacity = 0, line_number = 0;
     ssize_t length;
-    int err = 0;
     *n_lines = 0;
     errno = 0;
-    while (err == 0 && (length = getline(&text, &text_capacity, in)) >= 0) {
+    while (err == 0 && (length = read_line(in, &text, &text_capacity, &consumed)) != -1) {
         line_number++;
-        /* The line break is not part of the object; without it an open string reads "not closed". */
-        while (length > 0 && (text[length - 1] == '\n' || text[length - 1] == '\r')) {
+        if (length == -3) {
+            guanaco_log_error("%s:%zu: out of memory for the line", conversion->path, line_number);
+            err = -ENOMEM;
+            break;
+        }
+        if (consumed > size) {
+            guanaco_log_error("%s: grew past the %llu bytes it had when opened while being read; convert it once "
+                              "it is complete", conversion->path, (unsigned long long)size);
+            err = -EINVAL;
+            break;
+        }
+        if (length == -2) {
+            size_t at = strlen(text); /* the NUL's column - 1 */
+            struct line_parser parser = {.start = text, .p = text + at, .end = text + at + 1,
+                                         .path = conversion->path, .line = line_number};
+            err = parse_error(&parser, "NUL byte in the line");
+            break;
+        }
+        /* The line break is not part of the object; a '\r' before it neither. */
+        while (length > 0 && text[length - 1] == '\r') {
             length--;
         }
         struct line_parser parser = {.start = text, .p = text, .end = text + length, .path = conversion->path,
                                      .line = line_number};
-        if (memchr(text, '\0', (size_t)length) != NULL) {
-            err = parse_error(&parser, "NUL byte in the line");
-            break;
-        }
         skip_space(&parser);
         if (parser.p == parser.end) {
             continue; /* a blank line, e.g. a trailing newline */

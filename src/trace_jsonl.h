@@ -47,9 +47,12 @@ struct guanaco_trace_convert_report {
 /*
  * Reads `in_path`, sorts its records by (sequence, token, layer) and writes
  * them as a trace to `out_path`. Fills `report` (which may be NULL) on
- * success. Returns 0, or a negative errno after a message: -EINVAL for a
- * malformed line (the message names the file and line), a top_k that changes,
- * a repeated (sequence, token, layer), or options the data does not fit;
+ * success. `in_path` must be a regular file, read no further than its size at
+ * open (a pipe or /dev/zero has no size to bound it). Returns 0, or a negative
+ * errno after a message: -EINVAL for a malformed line (the message names the
+ * file and line; a NUL byte stops the read at once), an expert named twice in
+ * one decision, a top_k that changes, a repeated (sequence, token, layer),
+ * options the data does not fit, or an input that is not a regular file;
  * -ENOSPC etc. from writing. On failure no trace is left at `out_path` if it
  * is a regular file.
  */

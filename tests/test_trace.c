@@ -2,7 +2,8 @@
  * test_trace.c - owns the unit tests of the routing-trace file (src/trace.c)
  * and of its JSON Lines converter (src/trace_jsonl.c): round trips, every
  * rejection the loader promises (bad magic, version, truncation, ids and
- * layers out of range), write errors from /dev/full, concurrent appends, and
+ * layers out of range, an id twice in a record, streams and sizes no memory
+ * holds), write errors from /dev/full and a file-size limit, concurrent appends, and
  * converting small JSONL fixtures written here, malformed ones included.
  * Error messages are captured from stderr and checked for what they name.
  */
@@ -17,7 +18,9 @@
 
 #include "check.h"
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -322,30 +325,14 @@ static void test_device_full(void) {
         return;
     }
     struct guanaco_trace_shape shape = make_shape(4, 8, 2);
-    struct guanaco_trace_writer *writer;
-    int32_t ids[2] = {0, 1};
+    struct guanaco_trace_writer *writer = NULL;
 
-    /* Everything fits in the buffer: close is where the error shows. */
-    CHECK(guanaco_trace_writer_open("/dev/full", &shape, &writer) == 0);
-    CHECK(guanaco_trace_writer_append(writer, 0, 0, 0, ids, NULL) == 0);
+    /* The header is written at open, so a destination that cannot take it is refused before any
+       decoding records into it (--guanaco-trace-out /dev/full fails the load, not the closing summary). */
     begin_capture();
-    CHECK(guanaco_trace_writer_close(writer) == -ENOSPC);
+    CHECK(guanaco_trace_writer_open("/dev/full", &shape, &writer) == -ENOSPC && writer == NULL);
     end_capture();
     CHECK(said("/dev/full") && said("No space left on device"));
-
-    /* Enough records to overflow the buffer: append reports it, and keeps reporting it. */
-    CHECK(guanaco_trace_writer_open("/dev/full", &shape, &writer) == 0);
-    int first_error = 0, n_ok = 0;
-    begin_capture();
-    for (int i = 0; i < 10000 && first_error == 0; i++) {
-        first_error = guanaco_trace_writer_append(writer, 0, (uint32_t)i, 0, ids, NULL);
-        n_ok += first_error == 0;
-    }
-    int again = guanaco_trace_writer_append(writer, 0, 10000, 0, ids, NULL);
-    int closed = guanaco_trace_writer_close(writer);
-    end_capture();
-    CHECK(first_error == -ENOSPC && n_ok > 0 && n_ok < 10000);
-    CHECK(again == -ENOSPC && closed == -ENOSPC);
 
     /* The converter reports it too, and leaves /dev/full alone. */
     char input[256];
@@ -373,6 +360,133 @@ static void *append_many(void *argument) {
                                                         weights) != 0;
     }
     return NULL;
+}
+
+/* A write error after open: RLIMIT_FSIZE makes a regular file "full" past a few KiB (EFBIG). */
+static void test_write_error_sticky(void) {
+    struct rlimit saved;
+    if (getrlimit(RLIMIT_FSIZE, &saved) != 0) {
+        CHECK(!"getrlimit");
+        return;
+    }
+    void (*saved_handler)(int) = signal(SIGXFSZ, SIG_IGN); /* the write fails with EFBIG instead of a signal */
+    struct rlimit small = saved;
+    small.rlim_cur = 4096;
+    CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0);
+    char path[256];
+    path_in_directory(path, sizeof(path), "limited.trace");
+    struct guanaco_trace_shape shape = make_shape(4, 8, 2);
+    struct guanaco_trace_writer *writer = NULL;
+    int32_t ids[2] = {0, 1};
+
+    /* Everything fits in the buffer: close is where the error shows. */
+    CHECK(guanaco_trace_writer_open(path, &shape, &writer) == 0);
+    int appended = 0;
+    for (int i = 0; i < 1000; i++) { /* 24 KB: past the limit, inside the 64 KiB buffer */
+        appended += guanaco_trace_writer_append(writer, 0, (uint32_t)i, 0, ids, NULL) == 0;
+    }
+    CHECK(appended == 1000);
+    begin_capture();
+    CHECK(guanaco_trace_writer_close(writer) == -EFBIG);
+    end_capture();
+    CHECK(said(path) && said("File too large"));
+
+    /* Enough records to overflow the buffer: append reports it, and keeps reporting it. */
+    CHECK(guanaco_trace_writer_open(path, &shape, &writer) == 0);
+    int first_error = 0, n_ok = 0;
+    begin_capture();
+    for (int i = 0; i < 10000 && first_error == 0; i++) {
+        first_error = guanaco_trace_writer_append(writer, 0, (uint32_t)i, 0, ids, NULL);
+        n_ok += first_error == 0;
+    }
+    int again = guanaco_trace_writer_append(writer, 0, 10000, 0, ids, NULL);
+    int closed = guanaco_trace_writer_close(writer);
+    end_capture();
+    CHECK(first_error == -EFBIG && n_ok > 0 && n_ok < 10000);
+    CHECK(again == -EFBIG && closed == -EFBIG);
+    CHECK(setrlimit(RLIMIT_FSIZE, &saved) == 0);
+    signal(SIGXFSZ, saved_handler);
+    unlink(path);
+}
+
+/*
+ * Input with no size, or a size that cannot be true, is refused at once and
+ * in bounded memory: /dev/zero and a FIFO (no writer: the open must not wait
+ * for one) for the trace loader and the JSONL converter, a directory, and a
+ * sparse file whose size claims more records than this machine could hold.
+ */
+static void test_unbounded_inputs(void) {
+    char fifo[256], output[256], sparse[256];
+    path_in_directory(fifo, sizeof(fifo), "stream.fifo");
+    path_in_directory(output, sizeof(output), "stream.trace");
+    path_in_directory(sparse, sizeof(sparse), "sparse.trace");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    struct guanaco_trace trace;
+    const char *streams[] = {"/dev/zero", fifo, directory};
+    for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
+        begin_capture();
+        CHECK(guanaco_trace_load(streams[i], &trace) == -EINVAL && trace.ids == NULL);
+        end_capture();
+        CHECK(said(streams[i]) && said("not a regular file"));
+        begin_capture();
+        CHECK(guanaco_trace_convert_jsonl(streams[i], output, NULL, NULL) == -EINVAL);
+        end_capture();
+        CHECK(said(streams[i]) && said("not a regular file"));
+        CHECK(access(output, F_OK) != 0);
+    }
+    unlink(fifo);
+
+    /* A valid header, then 1.5 TiB of holes: 2^36 top-2 records, which no test machine holds in memory. */
+    CHECK(write_small_trace(sparse, 0) == 0);
+    CHECK(truncate(sparse, GUANACO_TRACE_HEADER_BYTES + ((off_t)24 << 36)) == 0);
+    begin_capture();
+    CHECK(guanaco_trace_load(sparse, &trace) == -ENOMEM && trace.ids == NULL);
+    end_capture();
+    CHECK(said(sparse) && said("68719476736 records") && said("more than this machine"));
+
+    /* The converter reads a line of holes no further than its first NUL, not the whole gigabytes. */
+    char jsonl[256];
+    path_in_directory(jsonl, sizeof(jsonl), "sparse.jsonl");
+    write_text(jsonl, "{\"dataset\": \"d\", \"problem_id\": 0, \"layer\": 0, \"experts\": [1, 0], \"token_idx\": 0}\n{");
+    CHECK(truncate(jsonl, (off_t)4 << 30) == 0);
+    begin_capture();
+    CHECK(guanaco_trace_convert_jsonl(jsonl, output, NULL, NULL) == -EINVAL);
+    end_capture();
+    CHECK(said(":2: column 2: NUL byte"));
+    CHECK(access(output, F_OK) != 0);
+    unlink(jsonl);
+    unlink(sparse);
+}
+
+/* One rule for the writer, the loader and the converter: an expert is chosen at most once per decision. */
+static void test_repeated_expert(void) {
+    char path[256];
+    path_in_directory(path, sizeof(path), "repeat.trace");
+    struct guanaco_trace_shape shape = make_shape(4, 8, 2);
+    struct guanaco_trace_writer *writer = NULL;
+    int32_t twice[2] = {3, 3}, fine[2] = {3, 4};
+    CHECK(guanaco_trace_writer_open(path, &shape, &writer) == 0);
+    begin_capture();
+    CHECK(guanaco_trace_writer_append(writer, 0, 7, 1, twice, NULL) == -EINVAL);
+    end_capture();
+    CHECK(said("names expert 3 twice"));
+    CHECK(guanaco_trace_writer_append(writer, 0, 7, 1, fine, NULL) == 0);
+    CHECK(guanaco_trace_writer_append(writer, 0, 8, 1, fine, NULL) == 0); /* the same ids in the next record */
+    CHECK(guanaco_trace_writer_close(writer) == 0);
+    struct guanaco_trace trace;
+    CHECK(guanaco_trace_load(path, &trace) == 0 && trace.n_records == 2);
+    guanaco_trace_free(&trace);
+
+    /* The second record's second id (byte 120 + 24 + 14) rewritten to its first: 3, 3. */
+    int fd = open(path, O_WRONLY);
+    unsigned char three[2] = {3, 0};
+    CHECK(fd >= 0 && pwrite(fd, three, 2, GUANACO_TRACE_HEADER_BYTES + 24 + 14) == 2);
+    close(fd);
+    begin_capture();
+    CHECK(guanaco_trace_load(path, &trace) == -EINVAL && trace.ids == NULL);
+    end_capture();
+    CHECK(said("record 1 (byte 144) names expert 3 twice"));
+    unlink(path);
 }
 
 /* Several llama contexts share one writer: no record may be torn or lost. */
@@ -615,6 +729,9 @@ int main(void) {
     test_shape_check();
     test_rejected_files();
     test_device_full();
+    test_write_error_sticky();
+    test_unbounded_inputs();
+    test_repeated_expert();
     test_concurrent_appends();
     test_convert_fixture();
     test_convert_rejects();
