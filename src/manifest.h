@@ -24,9 +24,14 @@ struct guanaco_expert_tensor {
 
 struct guanaco_manifest {
     char arch[64];
+    /* For an MoE model (n_tensors > 0) these are checked at load: n_layer from 1
+       to the blocks the file has tensors for (more for an MTP block past
+       block_count), n_expert equal to every expert tensor's count, n_expert_used
+       from 1 to n_expert. A dense model keeps -1 where a key is missing or does
+       not fit, and Guanaco does not use them. */
     int n_layer;        /* block_count */
     int n_expert;       /* expert_count */
-    int n_expert_used;  /* expert_used_count */
+    int n_expert_used;  /* expert_used_count; its largest element when it is a per-layer array */
     int n_moe_layers;   /* layers with at least one *_exps tensor */
     int n_shards;
     char **shard_paths;
@@ -40,7 +45,10 @@ struct guanaco_manifest {
 /*
  * Read the layout of the model at `path` (or of `n_split_paths` shards).
  * Returns 0, or a negative errno after printing why: -ENOENT (missing),
- * -EINVAL (not GGUF, inconsistent expert shapes), -EIO (truncated file).
+ * -EINVAL (not GGUF, inconsistent expert shapes, a block_count,
+ * expert_count or expert_used_count an MoE model cannot have; the message
+ * names the key and its value as written, never truncated to an int), -EIO
+ * (truncated file).
  * A dense model is success with n_tensors == 0.
  */
 int guanaco_manifest_load(const char *path, const char *const *split_paths, size_t n_split_paths,

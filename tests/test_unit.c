@@ -12,12 +12,47 @@
 #include "gguf.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "check.h"
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+static char captured[8192]; /* stderr of the last captured call */
+static int saved_stderr = -1;
+static char capture_path[] = "/tmp/guanaco_test_unit_stderr.XXXXXX";
+
+/* Sends stderr to a file until end_capture(), so that expected errors can be checked and do not clutter. */
+static void begin_capture(void) {
+    fflush(stderr);
+    char path[sizeof(capture_path)];
+    memcpy(path, capture_path, sizeof(path));
+    int fd = mkstemp(path);
+    memcpy(capture_path, path, sizeof(path));
+    saved_stderr = dup(2);
+    dup2(fd, 2);
+    close(fd);
+}
+
+static void end_capture(void) {
+    fflush(stderr);
+    dup2(saved_stderr, 2);
+    close(saved_stderr);
+    captured[0] = '\0';
+    FILE *f = fopen(capture_path, "r");
+    if (f) {
+        size_t n = fread(captured, 1, sizeof(captured) - 1, f);
+        captured[n] = '\0';
+        fclose(f);
+    }
+    unlink(capture_path);
+    memcpy(capture_path + sizeof(capture_path) - 7, "XXXXXX", 6);
+}
+
+static bool said(const char *text) { return strstr(captured, text) != NULL; }
 
 
 static void test_expert_names(void) {
@@ -122,9 +157,12 @@ static void test_options(void) {
                             "--guanaco-max-experts=0", "--guanaco-max-experts=1e3", "--guanaco-max-experts=99999",
                             "--guanaco-policy=mru", "--guanaco-io=aio", "--guanaco-load=fast",
                             "--guanaco-status-every=0", "--guanaco-status-every=x", "--guanaco-audit=sometimes",
-                            "--guanaco-preload=2", "--guanaco-prefetch=gate", "--guanaco-pilot-mass=0",
+                            "--guanaco-preload=2", "--guanaco-prefetch=oracle", "--guanaco-pilot-mass=0",
                             "--guanaco-pilot-mass=1.5", "--guanaco-pilot-mass=nan", "--guanaco-pilot-mass= 0.5",
-                            "--guanaco-pilot-mass=0.5x"};
+                            "--guanaco-pilot-mass=0.5x", "--guanaco-ram=nan", "--guanaco-ram=NaN", "--guanaco-ram=inf",
+                            "--guanaco-ram= 6G", "--guanaco-ram=\t6G", "--guanaco-ram=0x40000000",
+                            "--guanaco-ram=+6G", "--guanaco-max-experts= 5", "--guanaco-max-experts=+5",
+                            "--guanaco-status-every= 32"};
     for (size_t i = 0; i < sizeof(absurd) / sizeof(absurd[0]); i++) {
         char flag[64];
         snprintf(flag, sizeof(flag), "%s", absurd[i]);
@@ -137,9 +175,39 @@ static void test_options(void) {
     char *off[] = {a0, b4, NULL};
     argc = 2;
     CHECK(guanaco_options_parse_argv(&argc, off) == 0 && argc == 1);
+
+    /* An on/off flag takes its value as the next argument too, as the README writes it; a bare flag is on,
+       and an argument that is not an on/off word stays for llama.cpp. */
+    char s1[] = "--guanaco-audit", s2[] = "off", s3[] = "--guanaco-preload", s4[] = "No", s5[] = "--guanaco-log",
+         s6[] = "-n", s7[] = "5", s8[] = "--guanaco-streaming";
+    char *spaced[] = {a0, s1, s2, s3, s4, s5, s6, s7, s8, NULL};
+    argc = 9;
+    CHECK(guanaco_options_parse_argv(&argc, spaced) == 0 && argc == 3 && strcmp(spaced[1], "-n") == 0 &&
+          strcmp(spaced[2], "5") == 0 && spaced[3] == NULL);
+    CHECK(guanaco_options_get(&options) == 0 && !options.audit && !options.preload && options.log &&
+          options.streaming);
+    char t1[] = "--guanaco-audit", t2[] = "on", t3[] = "--guanaco-preload", t4[] = "1";
+    char *restore[] = {a0, t1, t2, t3, t4, b4, NULL};
+    argc = 6;
+    CHECK(guanaco_options_parse_argv(&argc, restore) == 0 && argc == 1);
+    CHECK(guanaco_options_get(&options) == 0 && options.audit && options.preload && !options.streaming);
+    /* A size is a number of bytes: nan is not one (it used to become 8 EiB). */
+    char r8[] = "--guanaco-ram=1.5G";
+    char *fractional[] = {a0, r8, NULL};
+    argc = 2;
+    CHECK(guanaco_options_parse_argv(&argc, fractional) == 0);
+    CHECK(guanaco_options_get(&options) == 0 && options.ram_bytes == 3ull << 29);
+    char r9[] = "--guanaco-ram=auto";
+    char *back_to_auto[] = {a0, r9, NULL};
+    argc = 2;
+    CHECK(guanaco_options_parse_argv(&argc, back_to_auto) == 0);
 }
 
 enum { TEST_EXPERTS = 4, TEST_EMBD = 64, TEST_FF = 32, TEST_LAYERS = 3 };
+
+/* Changes a test model's metadata before it is written; NULL for none. */
+typedef void (*gguf_edit)(struct gguf_context *gguf);
+static gguf_edit test_gguf_edit;
 
 /* A model-shaped GGUF: layer 0 dense, layers 1-2 with experts. Returns the file size. */
 static long write_test_gguf(const char *path, bool with_experts) {
@@ -163,6 +231,9 @@ static long write_test_gguf(const char *path, bool with_experts) {
             memset(t->data, 0, ggml_nbytes(t));
             gguf_add_tensor(gguf, t);
         }
+    }
+    if (test_gguf_edit) {
+        test_gguf_edit(gguf);
     }
     bool ok = gguf_write_to_file(gguf, path, false);
     gguf_free(gguf);
@@ -205,6 +276,83 @@ static void test_manifest(const char *dir) {
     fclose(junk);
     CHECK(guanaco_manifest_load(truncated, NULL, 0, &m) == -EINVAL);
     unlink(truncated);
+    unlink(path);
+}
+
+/* Bad values of the keys Guanaco relies on: each refused with -EINVAL and a message naming the key. */
+static void used_zero(struct gguf_context *g) { gguf_set_val_u32(g, "qwen3moe.expert_used_count", 0); }
+static void used_above(struct gguf_context *g) { gguf_set_val_u32(g, "qwen3moe.expert_used_count", TEST_EXPERTS + 1); }
+static void used_missing(struct gguf_context *g) { gguf_remove_key(g, "qwen3moe.expert_used_count"); }
+static void used_text(struct gguf_context *g) { gguf_set_val_str(g, "qwen3moe.expert_used_count", "two"); }
+static void used_wrapped(struct gguf_context *g) { gguf_set_val_u64(g, "qwen3moe.expert_used_count", (1ull << 32) + 2); }
+static void used_array_bad(struct gguf_context *g) {
+    const uint32_t per_layer[TEST_LAYERS] = {0, 2, 5};
+    gguf_remove_key(g, "qwen3moe.expert_used_count");
+    gguf_set_arr_data(g, "qwen3moe.expert_used_count", GGUF_TYPE_UINT32, per_layer, TEST_LAYERS);
+}
+static void used_array_good(struct gguf_context *g) {
+    const uint32_t per_layer[TEST_LAYERS] = {0, 2, 3}; /* the dense first layer routes to none */
+    gguf_remove_key(g, "qwen3moe.expert_used_count");
+    gguf_set_arr_data(g, "qwen3moe.expert_used_count", GGUF_TYPE_UINT32, per_layer, TEST_LAYERS);
+}
+static void blocks_zero(struct gguf_context *g) { gguf_set_val_u32(g, "qwen3moe.block_count", 0); }
+static void blocks_1000(struct gguf_context *g) { gguf_set_val_u32(g, "qwen3moe.block_count", 1000); }
+static void blocks_max(struct gguf_context *g) { gguf_set_val_u32(g, "qwen3moe.block_count", UINT32_MAX); }
+static void blocks_wrapped(struct gguf_context *g) { gguf_set_val_u64(g, "qwen3moe.block_count", (1ull << 32) + TEST_LAYERS); }
+static void blocks_missing(struct gguf_context *g) { gguf_remove_key(g, "qwen3moe.block_count"); }
+static void experts_wrapped(struct gguf_context *g) { gguf_set_val_u64(g, "qwen3moe.expert_count", (1ull << 32) + TEST_EXPERTS); }
+static void experts_i64(struct gguf_context *g) { gguf_set_val_i64(g, "qwen3moe.expert_count", TEST_EXPERTS); }
+
+static void test_manifest_keys(const char *dir) {
+    char path[512];
+    snprintf(path, sizeof(path), "%s/unit-keys.gguf", dir);
+    const struct {
+        gguf_edit edit;
+        const char *message; /* names the key and the value as written */
+    } refused[] = {
+        {used_zero, "qwen3moe.expert_used_count is 0; it must be from 1 to qwen3moe.expert_count (4)"},
+        {used_above, "qwen3moe.expert_used_count is 5;"},
+        {used_missing, "qwen3moe.expert_used_count is missing"},
+        {used_text, "qwen3moe.expert_used_count is str (not an integer)"},
+        {used_wrapped, "qwen3moe.expert_used_count is 4294967298;"},
+        {used_array_bad, "qwen3moe.expert_used_count is [0, 2, 5];"},
+        {blocks_zero, "qwen3moe.block_count is 0, but the file has tensors for blocks 0 to 2: it must be from 1 to 3"},
+        {blocks_1000, "qwen3moe.block_count is 1000, but"},
+        {blocks_max, "qwen3moe.block_count is 4294967295, but"},
+        {blocks_wrapped, "qwen3moe.block_count is 4294967299, but"},
+        {blocks_missing, "qwen3moe.block_count is missing"},
+        {experts_wrapped, "declares qwen3moe.expert_count = 4294967300"},
+    };
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        test_gguf_edit = refused[i].edit;
+        CHECK(write_test_gguf(path, true) > 0);
+        test_gguf_edit = NULL;
+        struct guanaco_manifest m;
+        begin_capture();
+        int err = guanaco_manifest_load(path, NULL, 0, &m);
+        end_capture();
+        if (err != -EINVAL || !said(refused[i].message)) {
+            fprintf(stderr, "FAIL case %zu: err %d, wanted \"%s\", said: %s", i, err, refused[i].message, captured);
+        }
+        CHECK(err == -EINVAL && said(refused[i].message));
+    }
+    /* Any integer type is read whole; a per-layer array counts by its largest element. */
+    test_gguf_edit = experts_i64;
+    CHECK(write_test_gguf(path, true) > 0);
+    struct guanaco_manifest m;
+    CHECK(guanaco_manifest_load(path, NULL, 0, &m) == 0 && m.n_expert == TEST_EXPERTS && m.n_expert_used == 2);
+    guanaco_manifest_free(&m);
+    test_gguf_edit = used_array_good;
+    CHECK(write_test_gguf(path, true) > 0);
+    CHECK(guanaco_manifest_load(path, NULL, 0, &m) == 0 && m.n_expert_used == 3);
+    guanaco_manifest_free(&m);
+    test_gguf_edit = NULL;
+    /* A dense model keeps loading whatever its expert keys say: Guanaco does not touch it. */
+    test_gguf_edit = used_zero;
+    CHECK(write_test_gguf(path, false) > 0);
+    test_gguf_edit = NULL;
+    CHECK(guanaco_manifest_load(path, NULL, 0, &m) == 0 && m.n_tensors == 0);
+    guanaco_manifest_free(&m);
     unlink(path);
 }
 
@@ -293,6 +441,7 @@ int main(int argc, char **argv) {
     test_expert_names();
     test_options();
     test_manifest(dir);
+    test_manifest_keys(dir);
     test_engine_and_hook(dir);
     return check_summary();
 }
