@@ -149,10 +149,14 @@ static void describe_accepted(const struct option_spec *spec, char *buf, size_t 
 /* Returns 0 and the parsed value, or -EINVAL after naming `source` in a message. */
 /* "6G", "6144M", "512K", "1073741824": binary units, as llama.cpp's sizes. 0 on failure. */
 static uint64_t parse_size(const char *text) {
+    /* strtod also takes " 6G", "nan", "inf" and "0x1p30": a size starts with a digit (or ".5G") */
+    if (!((text[0] >= '0' && text[0] <= '9') || (text[0] == '.' && text[1] >= '0' && text[1] <= '9'))) {
+        return 0;
+    }
     char *end = NULL;
     errno = 0;
     double amount = strtod(text, &end);
-    if (end == text || errno != 0 || amount <= 0) {
+    if (end == text || errno != 0 || !(amount > 0) || (text[0] == '0' && (text[1] == 'x' || text[1] == 'X'))) {
         return 0;
     }
     double scale = 1;
@@ -173,6 +177,17 @@ static uint64_t parse_size(const char *text) {
     return (uint64_t)bytes;
 }
 
+/* True, with *value 1 or 0, when `text` is one of the on/off words. */
+static bool parse_bool(const char *text, int *value) {
+    static const char *const truthy[] = {"1", "on", "true", "yes"};
+    static const char *const falsy[] = {"0", "off", "false", "no"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(text, truthy[i]) == 0) { *value = 1; return true; }
+        if (strcasecmp(text, falsy[i]) == 0) { *value = 0; return true; }
+    }
+    return false;
+}
+
 static int parse_value(const struct option_spec *spec, const char *source, const char *text, int *value,
                        uint64_t *number) {
     if (spec->kind == OPTION_SIZE) {
@@ -187,7 +202,9 @@ static int parse_value(const struct option_spec *spec, const char *source, const
         long long parsed = strtoll(text, &end, 10);
         *value = 1;
         *number = (uint64_t)parsed;
-        if (end != text && *end == '\0' && errno == 0 && parsed >= 1 && parsed <= MAX_EXPERTS_LIMIT) {
+        /* strtoll skips leading white space and takes a sign; a count is digits only */
+        if (end != text && *end == '\0' && errno == 0 && parsed >= 1 && parsed <= MAX_EXPERTS_LIMIT &&
+            text[0] >= '0' && text[0] <= '9') {
             return 0;
         }
     } else if (spec->kind == OPTION_FRACTION) {
@@ -206,11 +223,8 @@ static int parse_value(const struct option_spec *spec, const char *source, const
             return 0;
         }
     } else if (spec->kind == OPTION_BOOL) {
-        static const char *const truthy[] = {"1", "on", "true", "yes"};
-        static const char *const falsy[] = {"0", "off", "false", "no"};
-        for (size_t i = 0; i < 4; i++) {
-            if (strcasecmp(text, truthy[i]) == 0) { *value = 1; return 0; }
-            if (strcasecmp(text, falsy[i]) == 0) { *value = 0; return 0; }
+        if (parse_bool(text, value)) {
+            return 0;
         }
     } else {
         for (int i = 0; spec->choices[i]; i++) {
@@ -365,7 +379,13 @@ int guanaco_options_parse_argv(int *argc, char **argv) {
             continue;
         }
         if (!value_text && spec->kind == OPTION_BOOL) {
+            /* "--guanaco-audit off" as well as "--guanaco-audit=off": the next argument is the flag's value
+               when it is one; otherwise the bare flag means on. */
+            int next_value;
             value_text = "on";
+            if (i + 1 < *argc && parse_bool(argv[i + 1], &next_value)) {
+                value_text = argv[++i];
+            }
         } else if (!value_text) {
             if (i + 1 >= *argc) {
                 char accepted[128];
