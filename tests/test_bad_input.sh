@@ -7,6 +7,10 @@
 # core dump. Streaming makes this a real risk: expert pages that are only touched at decode
 # time are where a truncated file would otherwise surface as SIGBUS on the mmap.
 # Also: a model without experts must pass through streaming untouched (same logits as off).
+# And (issue 10): every reader of routing traces fed /dev/zero or a FIFO inside a memory limit,
+# MoE metadata Guanaco relies on rewritten to values llama.cpp asserts on, a trace destination
+# that is full, an expert named twice in a trace, on/off flags written with a space, absurd sizes,
+# and Guanaco's errors reaching stderr in every one of 20 runs.
 #
 # Environment:
 #   LOGITS_DUMP  tests/logits_dump binary                           (required)
@@ -15,6 +19,9 @@
 #   VOCAB_DIR    exported as GUANACO_VOCAB_DIR for mkmodel          (optional)
 #   LLAMA_CLI    patched llama-cli / llama-completion; unset -> its cases are SKIPped
 #   CASE_TIMEOUT seconds per case (default 120); hitting it is a FAIL (hang)
+#   LLAMA_BIN    folder of guanaco-sim, guanaco-plan, guanaco-tracegen, guanaco-trace-convert
+#                (default: MKMODEL's folder; SIM, PLAN, TRACEGEN, TRACE_CONVERT override each)
+#   MEM_LIMIT_KB address-space limit of the trace-input cases (default 2 GiB)
 #
 # Output: one line per case "PASS|FAIL|SKIP name (reason)", last line
 # "N passed, N failed, N skipped". Exit 1 if any failed.
@@ -207,6 +214,176 @@ if [ -n "${LLAMA_CLI:-}" ]; then
         run_case "cli-trunc-experts-$tag" fail "failed to load|error|bounds|truncat|corrupt" $s \
             "$LLAMA_CLI" -m "$W/trunc-experts.gguf" -n 1 -p hi
     done
+fi
+
+# ------------------------------------------------------------------ trace input without a bound
+# Every reader of routing traces, fed /dev/zero and a FIFO that a writer keeps filling from /dev/zero, inside
+# an address-space limit: each must refuse at once, saying why, instead of reading until memory runs out
+# (these grew to 10 GB). A regular file's size bounds every read; a stream has none.
+TOOLS="${LLAMA_BIN:-$(dirname "$MKMODEL")}"
+SIM=${SIM:-$TOOLS/guanaco-sim} PLAN=${PLAN:-$TOOLS/guanaco-plan}
+TRACEGEN=${TRACEGEN:-$TOOLS/guanaco-tracegen} TRACE_CONVERT=${TRACE_CONVERT:-$TOOLS/guanaco-trace-convert}
+MEM_LIMIT_KB=${MEM_LIMIT_KB:-2097152}   # 2 GiB of address space: a decode of the tiny model needs under 1
+limited=(bash -c 'ulimit -v "$0" && exec "$@"' "$MEM_LIMIT_KB")
+fifo="$W/trace.fifo"
+rm -f "$fifo"
+mkfifo "$fifo" || { echo "test_bad_input: cannot make a FIFO in $W" >&2; exit 2; }
+feeder=""
+start_feeder() { cat /dev/zero > "$fifo" 2>/dev/null & feeder=$!; }
+stop_feeder() { kill "$feeder" 2>/dev/null; wait "$feeder" 2>/dev/null; feeder=""; }
+for tool in "$SIM" "$PLAN" "$TRACEGEN" "$TRACE_CONVERT"; do
+    [ -x "$tool" ] || record FAIL "tools-present" "$tool is not built (build the guanaco-all target)"
+done
+for src in zero fifo; do
+    path=$([ $src = zero ] && echo /dev/zero || echo "$fifo")
+    cases=(
+        "replay-$src" "env GUANACO_TRACE_REPLAY=$path $LOGITS_DUMP $MODEL $W/out.bin"
+        "sim-$src" "$SIM --trace $path --model $MODEL"
+        "plan-$src" "$PLAN $MODEL --trace $path"
+        "tracegen-measure-$src" "$TRACEGEN --measure $path"
+        "trace-convert-$src" "$TRACE_CONVERT $path $W/from-$src.trace"
+    )
+    [ -n "${LLAMA_CLI:-}" ] && cases+=("cli-replay-$src" "$LLAMA_CLI -m $MODEL -n 1 -p hi --guanaco-trace-replay $path")
+    for ((c = 0; c < ${#cases[@]}; c += 2)); do
+        [ $src = fifo ] && start_feeder
+        # shellcheck disable=SC2086 # the command words are split on purpose (no path has a space)
+        CASE_TIMEOUT=60 run_case "${cases[c]}" fail "not a regular file" 0 "${limited[@]}" ${cases[c + 1]}
+        [ $src = fifo ] && stop_feeder
+    done
+done
+rm -f "$fifo"
+
+# ------------------------------------------------------------------ MoE metadata Guanaco relies on
+# The tiny model with one key rewritten. llama.cpp asserts on these (exit 134); with streaming on,
+# Guanaco's load check sees them first and must stop with exit 1 and a message naming the key.
+# gguf_set_key IN OUT KEY TYPE VALUE: TYPE u32 or u64; the metadata is re-serialized, the tensor data
+# copied as it is (offsets are relative to the data section, which is re-aligned).
+gguf_set_key() {
+    python3 - "$@" <<'PY'
+import struct, sys
+src, dst, key, typ, value = sys.argv[1:6]
+data = open(src, "rb").read()
+pos = 0
+def take(fmt):
+    global pos
+    v = struct.unpack_from("<" + fmt, data, pos); pos += struct.calcsize("<" + fmt); return v[0]
+def take_str():
+    global pos
+    n = take("Q"); s = data[pos:pos + n]; pos += n; return s
+SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+def skip_value(t):
+    global pos
+    if t in SIZES: pos += SIZES[t]
+    elif t == 8: take_str()
+    elif t == 9:
+        et = take("I"); n = take("Q")
+        for _ in range(n): skip_value(et)
+    else: raise ValueError(t)
+assert data[:4] == b"GGUF"; pos = 4
+version = take("I"); n_tensors = take("Q"); n_kv = take("Q")
+kvs, align = [], 32
+for _ in range(n_kv):
+    start = pos; k = take_str(); t = take("I"); vstart = pos; skip_value(t)
+    if k == b"general.alignment": align = struct.unpack_from("<I", data, vstart)[0]
+    kvs.append((k, data[start:pos]))
+infos_start = pos
+for _ in range(n_tensors):
+    take_str(); nd = take("I"); pos += 8 * nd + 4 + 8
+infos = data[infos_start:pos]
+data_start = (pos + align - 1) // align * align
+kb = key.encode()
+enc = struct.pack("<Q", len(kb)) + kb + (struct.pack("<II", 4, int(value)) if typ == "u32" else struct.pack("<IQ", 10, int(value)))
+kvs = [(k, enc if k == kb else raw) for k, raw in kvs]
+if kb not in [k for k, _ in kvs]: kvs.append((kb, enc))
+head = data[:4] + struct.pack("<IQQ", version, n_tensors, len(kvs)) + b"".join(r for _, r in kvs) + infos
+head += b"\0" * ((-len(head)) % align)
+open(dst, "wb").write(head + data[data_start:])
+PY
+}
+if ! command -v python3 >/dev/null 2>&1; then
+    record SKIP metadata "python3 is needed to rewrite GGUF metadata"
+else
+    meta_cases=(
+        used-0        qwen3moe.expert_used_count u32 0
+        used-9        qwen3moe.expert_used_count u32 9
+        blocks-0      qwen3moe.block_count       u32 0
+        blocks-1000   qwen3moe.block_count       u32 1000
+        blocks-2p32m1 qwen3moe.block_count       u32 4294967295
+        experts-u64   qwen3moe.expert_count      u64 4294967304
+        used-u64      qwen3moe.expert_used_count u64 4294967298
+    )
+    for ((c = 0; c < ${#meta_cases[@]}; c += 4)); do
+        name=${meta_cases[c]} key=${meta_cases[c + 1]}
+        bad="$W/meta-$name.gguf"
+        if ! gguf_set_key "$MODEL" "$bad" "$key" "${meta_cases[c + 2]}" "${meta_cases[c + 3]}"; then
+            record FAIL "meta-$name" "could not rewrite $key"; continue
+        fi
+        run_case "meta-$name" fail "$key" 1 "$LOGITS_DUMP" "$bad" "$W/out.bin"
+        [ -n "${LLAMA_CLI:-}" ] && run_case "cli-meta-$name" fail "$key" 1 "$LLAMA_CLI" -m "$bad" -n 1 -p hi
+    done
+    # The rewriter itself changes nothing else: the same key rewritten to its own value still runs.
+    gguf_set_key "$MODEL" "$W/meta-same.gguf" qwen3moe.expert_used_count u32 2 &&
+        run_case meta-unchanged ok "" 1 "$LOGITS_DUMP" "$W/meta-same.gguf" "$W/out.bin"
+fi
+
+# ------------------------------------------------------------------ smaller ones
+# A trace destination that cannot take even the header fails the load, with the reason.
+run_case trace-out-full fail "/dev/full.*No space left" 0 env GUANACO_TRACE_OUT=/dev/full "$LOGITS_DUMP" "$MODEL" "$W/out.bin"
+# One rule for the loader and the converter: an expert chosen twice in one decision is refused.
+write_trace() {   # OUT ID_A ID_B: a 4-layer, 8-expert, top-2 trace of one record with those ids
+    python3 - "$@" <<'PY'
+import struct, sys
+out, a, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+header = b"GNCTRACE" + struct.pack("<IIII", 1, 4, 8, 2) + b"qwen3moe".ljust(32, b"\0") + b"test".ljust(64, b"\0")
+open(out, "wb").write(header + struct.pack("<IIIHHff", 0, 0, 1, a, b, 0.5, 0.5))
+PY
+}
+if command -v python3 >/dev/null 2>&1; then
+    write_trace "$W/distinct.trace" 3 4 && write_trace "$W/repeat.trace" 3 3
+    run_case trace-distinct-ids ok "" 0 "$TRACEGEN" --measure "$W/distinct.trace"
+    run_case trace-repeated-id fail "expert 3 twice" 0 "$TRACEGEN" --measure "$W/repeat.trace"
+    printf '%s\n' '{"dataset": "d", "problem_id": 0, "layer": 1, "experts": [3, 3], "token_idx": 0}' > "$W/repeat.jsonl"
+    run_case convert-repeated-id fail "expert 3 is chosen twice" 0 "$TRACE_CONVERT" "$W/repeat.jsonl" "$W/repeat-converted.trace"
+fi
+# Guanaco's own errors reach stderr every time, even when the process exits right after.
+missing_silent=0
+for i in $(seq 20); do
+    timeout 30 "$PLAN" "$W/does-not-exist.gguf" < /dev/null > "$W/missing-plan.log" 2>&1
+    grep -q "does-not-exist.gguf: No such file" "$W/missing-plan.log" || missing_silent=$((missing_silent + 1))
+    GUANACO_STREAMING=1 timeout 30 "$LOGITS_DUMP" "$W/does-not-exist.gguf" "$W/out.bin" < /dev/null > "$W/missing-dump.log" 2>&1
+    grep -q "does-not-exist.gguf" "$W/missing-dump.log" || missing_silent=$((missing_silent + 1))
+done
+if [ $missing_silent -eq 0 ]; then
+    record PASS missing-model-x20 "guanaco-plan and logits_dump named the missing file in 40 of 40 runs"
+else
+    record FAIL missing-model-x20 "$missing_silent of 40 runs exited without naming the missing file"
+fi
+
+if [ -n "${LLAMA_CLI:-}" ]; then
+    # The README writes on/off flags with a space; both forms must work, for every on/off flag.
+    run_case cli-onoff-spaced ok "" 0 "$LLAMA_CLI" -m "$MODEL" -n 1 -p hi --guanaco-streaming on \
+        --guanaco-ram 1M --guanaco-audit off --guanaco-preload off --guanaco-log on
+    run_case cli-onoff-equals ok "" 0 "$LLAMA_CLI" -m "$MODEL" -n 1 -p hi --guanaco-streaming=on \
+        --guanaco-ram 1M --guanaco-audit=off --guanaco-preload=off --guanaco-log=on
+    run_case cli-ram-nan fail "guanaco-ram" 0 "$LLAMA_CLI" -m "$MODEL" -n 1 -p hi --guanaco-ram nan
+    run_case cli-ram-space fail "guanaco-ram" 0 "$LLAMA_CLI" -m "$MODEL" -n 1 -p hi --guanaco-ram " 6G"
+    run_case cli-trace-out-full fail "/dev/full.*No space left" 0 "$LLAMA_CLI" -m "$MODEL" -n 1 -p hi \
+        --guanaco-trace-out /dev/full
+    # A Guanaco load error through llama.cpp's CLI, whose own log is asynchronous: the reason must show
+    # every time.
+    if [ -e "$W/meta-used-0.gguf" ]; then
+        silent=0
+        for i in $(seq 20); do
+            GUANACO_STREAMING=1 timeout 30 "$LLAMA_CLI" -m "$W/meta-used-0.gguf" -n 1 -p hi < /dev/null \
+                > "$W/cli-meta-x20.log" 2>&1
+            grep -q "expert_used_count" "$W/cli-meta-x20.log" || silent=$((silent + 1))
+        done
+        if [ $silent -eq 0 ]; then
+            record PASS cli-guanaco-error-x20 "the key was named in 20 of 20 runs"
+        else
+            record FAIL cli-guanaco-error-x20 "$silent of 20 runs exited without naming the key"
+        fi
+    fi
 fi
 
 echo "$n_pass passed, $n_fail failed, $n_skip skipped"
