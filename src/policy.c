@@ -910,6 +910,36 @@ void guanaco_policy_hint(struct guanaco_policy *p, uint32_t layer, uint32_t expe
     p->hint_call[slot] = p->layer_last_call[layer];
 }
 
+void guanaco_policy_seed(struct guanaco_policy *p, uint32_t layer, const double *rate) {
+    if (!rate || layer >= p->n_layer || p->expert_bytes[layer] == 0 ||
+        (p->kind != GUANACO_POLICY_LFU && p->kind != GUANACO_POLICY_GUANACO)) {
+        return;
+    }
+    /* a use in every token keeps a decayed count at 1 / (1 - 2^(-1/H)) */
+    const double heat_every_token = 1.0 / (1.0 - exp2(-1.0 / p->heat_half_life));
+    const double score_every_token = 1.0 / (1.0 - exp2(-1.0 / p->score_half_life));
+    for (uint32_t e = 0; e < p->n_expert; e++) {
+        double r = rate[e] > 1.0 ? 1.0 : rate[e];
+        if (!(r > 0)) { /* zero, negative or NaN */
+            continue;
+        }
+        uint32_t slot = layer * p->n_expert + e;
+        if (p->kind == GUANACO_POLICY_LFU) {
+            p->slot_key[slot] = decayed_add(p->slot_key[slot], p->heat_time, r * heat_every_token);
+        } else {
+            p->slot_key[slot] = decayed_add(p->slot_key[slot], p->score_time, r * score_every_token);
+            p->heat[slot] = decayed_add(p->heat[slot], p->heat_time, r * heat_every_token);
+            if (p->slot_tier[slot] && heap_contains(&p->pin_heap, slot)) {
+                heap_update(&p->pin_heap, slot);
+            }
+        }
+        if (heap_contains(&p->slot_heaps[layer], slot)) {
+            heap_update(&p->slot_heaps[layer], slot);
+        }
+    }
+    layer_heap_refresh(p, layer);
+}
+
 bool guanaco_policy_is_resident(const struct guanaco_policy *p, uint32_t layer, uint32_t expert) {
     return layer < p->n_layer && expert < p->n_expert && p->resident[layer * p->n_expert + expert];
 }

@@ -129,6 +129,22 @@ void guanaco_policy_set_budget(struct guanaco_policy *policy, uint64_t bytes);
  */
 void guanaco_policy_hint(struct guanaco_policy *policy, uint32_t layer, uint32_t expert, float weight);
 
+/*
+ * A prior on `layer` (the imatrix's routing counts): rate[e] is how often
+ * expert e is expected per token (its share of the layer's routings times
+ * top-k), clamped to [0, 1]. It is added to the decayed use counts as the
+ * steady state of an expert used at that rate (rate / (1 - 2^(-1/H)) for
+ * half-life H): lfu's score, and guanaco's heat and cold-first score, so a
+ * hot expert is kept over a cold one before either is used, and guanaco pins
+ * it on its first use. The prior decays like any use, so routing that differs
+ * takes over within a few half-lives. Layer pressure is left alone (a prior
+ * says which experts of a layer, not which layer). lru and layer-lru keep
+ * recency only: for them the preload's access order is the prior (the
+ * most-routed accessed last). Out-of-range layers, dense layers and rates
+ * that are not finite are ignored.
+ */
+void guanaco_policy_seed(struct guanaco_policy *policy, uint32_t layer, const double *rate);
+
 bool guanaco_policy_is_resident(const struct guanaco_policy *policy, uint32_t layer, uint32_t expert);
 uint64_t guanaco_policy_resident_bytes(const struct guanaco_policy *policy);
 uint32_t guanaco_policy_layer_resident_count(const struct guanaco_policy *policy, uint32_t layer);

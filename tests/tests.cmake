@@ -33,6 +33,9 @@ guanaco_script_test(shards test_shards.sh)
 file(MAKE_DIRECTORY "${GUANACO_TEST_DIR}")
 # A user eval callback (llama-imatrix's) still sees everything while Guanaco's hook is chained.
 guanaco_script_test(imatrix_chain test_imatrix.sh)
+# The imatrix prior: counts read from GGUFs written as llama-imatrix writes them, bad files refused by name,
+# the preload's choice rule against brute force, and guanaco_policy_seed keeping what the prior calls hot.
+add_test(NAME imatrix_reader COMMAND test_imatrix_reader "${GUANACO_TEST_DIR}")
 # The real llama-server over loopback, three parallel slots, greedy tokens equal with and without streaming.
 guanaco_script_test(server test_server.sh)
 # A model file truncated or overwritten mid-run: exit 1 with a message from llama-completion, one failed
