@@ -139,6 +139,13 @@ void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes)
  */
 int guanaco_hook_take_error(ggml_backend_sched_eval_callback callback, void *user_data);
 
+/*
+ * llama-server's /metrics: Guanaco's counters of every open engine with a budget, in Prometheus's text
+ * format (guanaco_*), as a string the caller frees with free(); "" when there is no such engine, NULL
+ * when out of memory.
+ */
+char *guanaco_metrics_prometheus(void);
+
 /* Undo guanaco_hook_install() given the installed pair; other pairs are ignored. */
 void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_data);
 

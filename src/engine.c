@@ -709,6 +709,7 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
     }
     if (err == 0 && engine->options.residency) {
         err = start_residency(engine, mapping_base);
+            guanaco_metrics_register(engine);
     }
     free(mapping_base);
     if (err == 0 && !engine->dry_run) {
@@ -854,6 +855,7 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
     if (!engine) {
         return;
     }
+    guanaco_metrics_unregister(engine);
     if (!engine->dry_run && engine->access_count) {
         print_summary(engine);
     }

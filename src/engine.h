@@ -82,6 +82,10 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
                                const int32_t *ids, int k, int n_tokens, const float *next_scores, uint64_t token);
 
 
+/* /metrics (metrics.c): an engine with a budget is listed from attach until close. */
+void guanaco_metrics_register(struct guanaco_engine *engine);
+void guanaco_metrics_unregister(struct guanaco_engine *engine);
+
 /* Count one router decision: `n_tokens` rows of `k` expert ids for `layer`. */
 void guanaco_engine_count_routing(struct guanaco_engine *engine, int layer, const int32_t *ids, int k,
                                   int n_tokens);

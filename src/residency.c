@@ -1351,6 +1351,7 @@ void guanaco_residency_get_stats(const struct guanaco_residency *r, struct guana
     struct guanaco_residency *m = (struct guanaco_residency *)r; /* the lock is not part of the value */
     pthread_mutex_lock(&m->lock);
     *out = r->stats;
+    out->budget_bytes = r->budget_bytes;
     pthread_mutex_unlock(&m->lock);
 }
 

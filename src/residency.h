@@ -124,6 +124,7 @@ struct guanaco_residency_stats {
                                                 disk), DIRECT's placing and mapping, dropping victims */
     uint64_t resident_bytes;        /* accounting */
     uint64_t peak_resident_bytes;   /* highest accounting, reached between the reads and the eviction */
+    uint64_t budget_bytes;          /* the budget now (--guanaco-ram auto may resize it) */
     uint64_t churn_loads;           /* loads of an expert evicted at most GUANACO_RESIDENCY_CHURN_TOKENS before */
     uint64_t pinned_hits;           /* hits on experts the policy holds in its pinned hot set */
     /* read-ahead (guanaco_residency_prefetch): experts and bytes started, claimed by the layer's next
