@@ -54,6 +54,7 @@ struct guanaco_engine {
     char **guarded_mappings;                   /* per shard: the mapping mapping_guard watches, or NULL */
     _Atomic int mapping_faulted;               /* a read past the file's end was turned into zeros: fail */
     _Atomic int told_mapping_faulted;
+    _Atomic int trace_error_returned;          /* trace_error has failed a graph already */
 };
 
 /* Record one router decision of context `sequence` to --guanaco-trace-out, if on. */

@@ -282,5 +282,13 @@ int guanaco_hook_take_error(ggml_backend_sched_eval_callback callback, void *use
         }
         return -EIO;
     }
+    /* A trace the user asked for is broken (a full disk): fail one batch, so the run does not end with
+       exit 0 as if the trace were whole. Decoding goes on afterwards, unrecorded, if the caller goes on. */
+    int trace_error = atomic_load(&hook->engine->trace_error);
+    if (err == 0 && trace_error && !atomic_exchange(&hook->engine->trace_error_returned, 1)) {
+        guanaco_log_error("this batch fails because the routing trace could not be written");
+        fflush(stderr);
+        return trace_error;
+    }
     return err;
 }

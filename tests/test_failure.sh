@@ -10,6 +10,8 @@
 #   - overwritten under a budget: exit 1 through llama_decode's error, with
 #     Guanaco's closing summary and a readable --guanaco-trace-out (was:
 #     _exit(1) from the hook, which lost both);
+#   - a --guanaco-trace-out that cannot be written mid-run (file too large):
+#     exit 1 with the reason (was: the error printed, exit 0);
 #   - llama-server: the request that meets the changed file fails (HTTP 500),
 #     the server keeps serving, later requests fail the same way until it is
 #     restarted, and SIGTERM still ends it cleanly.
@@ -69,6 +71,15 @@ check "overwritten under a budget: exit 1 through llama_decode, with the closing
     "$(grep -E 'error|guanaco' "$W/overwritten.err" | tail -4)"
 "$LLAMA_BIN/guanaco-sim" --trace "$W/overwritten.trace" --model "$W/model.gguf" --budgets 100% >"$W/overwritten.sim" 2>&1
 check "the trace recorded up to the failure is complete and readable" $? "$(tail -2 "$W/overwritten.sim")"
+
+# A trace that can no longer be written (the disk filled up: a 16 KiB file-size limit here, with SIGXFSZ
+# ignored so the write returns EFBIG) fails a batch, so the run cannot end with exit 0 and half a trace.
+( trap '' XFSZ; ulimit -f 16; exec "$LLAMA_BIN/llama-completion" -m "$W/model.gguf" -p hello -n 1000 --ignore-eos -no-cnv \
+    -t 1 --guanaco-trace-out "$W/full.trace" >/dev/null ) 2>&1 | cat >"$W/full.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 1 ] && grep -q 'this batch fails because the routing trace could not be written' "$W/full.log"
+check "a trace write that fails mid-run (EFBIG) makes the run exit 1 with the reason (rc=$rc)" $? \
+    "$(grep 'guanaco: error' "$W/full.log" | head -3)"
 
 # llama-server: one request fails, the server stays.
 cp "$W/model.gguf" "$W/served.gguf"
