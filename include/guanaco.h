@@ -141,10 +141,11 @@ int guanaco_hook_take_error(ggml_backend_sched_eval_callback callback, void *use
 
 /*
  * llama-server's /metrics: Guanaco's counters of every open engine with a budget, in Prometheus's text
- * format (guanaco_*), as a string the caller frees with free(); "" when there is no such engine, NULL
- * when out of memory.
+ * format (guanaco_*); "" when there is none (or no memory for the text). The text lives in a buffer of
+ * the calling thread, valid until that thread's next call, like strerror's, so the glue is one
+ * expression.
  */
-char *guanaco_metrics_prometheus(void);
+const char *guanaco_metrics_prometheus(void);
 
 /* Undo guanaco_hook_install() given the installed pair; other pairs are ignored. */
 void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_data);

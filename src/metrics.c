@@ -131,13 +131,33 @@ static size_t render(char *buffer, size_t size) {
     return t.length;
 }
 
-char *guanaco_metrics_prometheus(void) {
+/* per thread, so two scrapes at once cannot overwrite each other's text; freed when the thread ends */
+static _Thread_local char *thread_text;
+static _Thread_local size_t thread_text_size;
+static pthread_key_t text_key;
+static pthread_once_t text_key_once = PTHREAD_ONCE_INIT;
+
+static void create_text_key(void) {
+    (void)pthread_key_create(&text_key, free);
+}
+
+const char *guanaco_metrics_prometheus(void) {
     /* measured and written under one lock hold: the numbers cannot grow between the two passes */
     pthread_mutex_lock(&engines_lock);
     size_t length = render(NULL, 0);
-    char *text = malloc(length + 1);
-    if (text) {
-        render(text, length + 1);
+    if (length + 1 > thread_text_size) {
+        char *grown = realloc(thread_text, length + 1);
+        if (grown) {
+            thread_text = grown;
+            thread_text_size = length + 1;
+            pthread_once(&text_key_once, create_text_key);
+            (void)pthread_setspecific(text_key, grown);
+        }
+    }
+    const char *text = "";
+    if (thread_text && length + 1 <= thread_text_size) {
+        render(thread_text, thread_text_size);
+        text = thread_text;
     }
     pthread_mutex_unlock(&engines_lock);
     return text;
