@@ -206,8 +206,12 @@ int guanaco_engine_open(const char *path, const char *const *split_paths, size_t
         guanaco_engine_close(engine);
         return -ENOMEM;
     }
+    engine->first_moe_layer = -1;
     for (size_t i = 0; i < m->n_tensors; i++) {
         engine->moe_layer_of[m->tensors[i].layer] = 1;
+        if (engine->first_moe_layer < 0 || m->tensors[i].layer < engine->first_moe_layer) {
+            engine->first_moe_layer = m->tensors[i].layer;
+        }
         if (m->tensors[i].layer > engine->last_moe_layer) {
             engine->last_moe_layer = m->tensors[i].layer;
         }
@@ -627,12 +631,49 @@ static int preload(struct guanaco_engine *engine, uint64_t budget) {
     return err;
 }
 
+/* A prompt that has read for more than a second shows where it is on a terminal (log.h's progress line). */
+#define PROMPT_PROGRESS_AFTER_NS 1000000000ull
+
+static void prompt_progress(struct guanaco_engine *engine, int layer) {
+    uint64_t started = atomic_load(&engine->prompt_started_ns);
+    if (layer == engine->last_moe_layer) {
+        guanaco_log_progress_end();
+        return;
+    }
+    uint64_t elapsed = now_ns() - started;
+    if (!started || elapsed < PROMPT_PROGRESS_AFTER_NS) {
+        return;
+    }
+    int ordinal = 0;
+    for (int l = 0; l <= layer; l++) {
+        ordinal += engine->moe_layer_of[l] != 0;
+    }
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(engine->residency, &st);
+    uint64_t read = st.bytes_read - atomic_load(&engine->prompt_started_bytes);
+    guanaco_log_progress("prompt: MoE layer %d of %d, %.2f GiB read in %.1f s (%.2f GB/s)", ordinal,
+                         engine->manifest.n_moe_layers, gib(read), (double)elapsed / 1e9,
+                         (double)read / ((double)elapsed / 1e9) / 1e9);
+}
+
 int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const int32_t *ids, size_t n_ids,
                                  uint64_t token) {
     if (!engine->residency) {
         return 0;
     }
-    return guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, n_ids, token);
+    /* several tokens at once: a prompt ubatch, which may read a whole layer per layer */
+    const bool prompt = n_ids > (size_t)engine->manifest.n_expert_used;
+    if (prompt && layer == engine->first_moe_layer) {
+        struct guanaco_residency_stats st;
+        guanaco_residency_get_stats(engine->residency, &st);
+        atomic_store(&engine->prompt_started_bytes, st.bytes_read);
+        atomic_store(&engine->prompt_started_ns, now_ns());
+    }
+    int err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, n_ids, token);
+    if (prompt) {
+        prompt_progress(engine, layer);
+    }
+    return err;
 }
 
 /* A truncated file makes reads of its mapping fault; mapping_guard turns that into engine->mapping_faulted,
@@ -709,6 +750,7 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
     }
     if (err == 0 && engine->options.residency) {
         err = start_residency(engine, mapping_base);
+        if (err == 0) {
             guanaco_metrics_register(engine);
     }
     free(mapping_base);

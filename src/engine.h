@@ -39,6 +39,8 @@ struct guanaco_engine {
     uint32_t *residency_tensors_in_layer;
     int *shard_direct_fds;                     /* --guanaco-load direct: O_DIRECT fds, else -1 */
     int last_moe_layer;                        /* a token is done when it leaves this layer */
+    int first_moe_layer;                       /* a prompt ubatch's progress starts here; -1 before the manifest */
+    _Atomic uint64_t prompt_started_ns, prompt_started_bytes; /* the prompt ubatch now reading: its progress line */
     _Atomic uint64_t tokens_done;              /* tokens through the last MoE layer, all contexts */
     pthread_mutex_t status_lock;               /* one status line at a time, and status_last */
     struct guanaco_residency_stats status_last; /* at the previous status line */
