@@ -752,6 +752,7 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
         err = start_residency(engine, mapping_base);
         if (err == 0) {
             guanaco_metrics_register(engine);
+        }
     }
     free(mapping_base);
     if (err == 0 && !engine->dry_run) {
