@@ -6,6 +6,7 @@
  * readahead advice, counting router decisions, and the closing summary.
  */
 #include "engine.h"
+#include "budget.h"
 #include "mapping_guard.h"
 #include "log.h"
 #include "simulate.h"
@@ -304,39 +305,15 @@ static uint64_t mem_available(void) {
     return kib * 1024;
 }
 
-/*
- * --guanaco-ram auto: what the machine or cgroup leaves once the rest of the
- * model is resident. At load the contexts' KV cache and compute buffers are
- * not known yet, so 1 GiB plus 10% is kept for them. Each context reports its
- * host buffers once they are allocated (guanaco_engine_context_memory), and
- * the budget is then sized around what they really take, with a margin of
- * 256 MiB plus 5% for the process, the page cache's slack and reads in flight.
- * In a 6 GB limit on a 16.5 GB model the load-time rule left 1.4 GB unused.
- */
-#define AUTO_MARGIN_UNKNOWN_BYTES (1ull << 30)
-#define AUTO_MARGIN_UNKNOWN_SHARE 10
-#define AUTO_MARGIN_KNOWN_BYTES (256ull << 20)
-#define AUTO_MARGIN_KNOWN_SHARE 20
-
-static uint64_t auto_budget_for(const struct guanaco_manifest *m, uint64_t memory, int64_t context_bytes,
-                                bool contexts_known, uint64_t *margin_out) {
-    uint64_t non_expert = m->total_bytes - m->expert_bytes;
-    uint64_t contexts = context_bytes > 0 ? (uint64_t)context_bytes : 0;
-    uint64_t margin = contexts_known ? AUTO_MARGIN_KNOWN_BYTES + memory / AUTO_MARGIN_KNOWN_SHARE + contexts
-                                     : AUTO_MARGIN_UNKNOWN_BYTES + memory / AUTO_MARGIN_UNKNOWN_SHARE;
-    uint64_t budget = memory > non_expert + margin ? memory - non_expert - margin : 0;
-    uint64_t floor = m->expert_bytes / (uint64_t)m->n_moe_layers / 4; /* a quarter layer, or nothing runs */
-    *margin_out = margin;
-    return budget < floor ? floor : budget;
-}
-
+/* --guanaco-ram auto (budget.c): the memory it divides is read once, at load. */
 static uint64_t automatic_budget(struct guanaco_engine *engine) {
     const struct guanaco_manifest *m = &engine->manifest;
     uint64_t limit = cgroup_memory_limit();
     uint64_t available = mem_available();
     uint64_t memory = limit && (limit < available || !available) ? limit : available;
-    uint64_t margin = 0;
-    uint64_t budget = auto_budget_for(m, memory, 0, false, &margin);
+    struct guanaco_auto_budget rule;
+    guanaco_auto_budget(memory, m, 0, false, &rule);
+    uint64_t margin = rule.margin, budget = rule.budget;
     engine->auto_memory = memory;
     guanaco_log_info("budget auto: %s %.2f GiB - non-expert weights %.2f GiB - margin %.2f GiB (1 GiB + 10%%, until "
                      "the context's buffers are known) = %.2f GiB",
@@ -353,8 +330,9 @@ void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes)
     if (!engine->residency || engine->options.ram_bytes || !engine->auto_memory) {
         return;
     }
-    uint64_t margin = 0;
-    uint64_t budget = auto_budget_for(&engine->manifest, engine->auto_memory, contexts, true, &margin);
+    struct guanaco_auto_budget rule;
+    guanaco_auto_budget(engine->auto_memory, &engine->manifest, contexts, true, &rule);
+    uint64_t margin = rule.margin, budget = rule.budget;
     guanaco_residency_set_budget(engine->residency, budget);
     guanaco_log_info("budget auto: %.2f GiB - non-expert weights %.2f GiB - contexts' buffers %.2f GiB - margin "
                      "%.2f GiB (256 MiB + 5%%) = %.2f GiB",

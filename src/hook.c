@@ -5,6 +5,11 @@
  * device when they are not in host memory), and chaining whatever callback
  * the user had installed.
  *
+ * The policy's clock is the engine's (tokens through the last MoE layer, all
+ * contexts together), not this context's token index: the policy belongs to
+ * the model, so with several contexts decay, hints and churn must all read
+ * one time.
+ *
  * Why only ffn_moe_topk: each node we ask for ends a scheduler chunk and
  * costs a synchronisation (REFERENCE.md section 2). One per layer is ~0.2 ms
  * per token; asking for every node made decode 2.6x slower in the seed.
@@ -25,7 +30,7 @@
 struct guanaco_hook {
     struct guanaco_engine *engine;
     uint32_t context_id;  /* this context's sequence id in a recorded trace */
-    uint64_t *rows_seen;  /* per layer: routings seen so far, i.e. the next token's index */
+    uint64_t *rows_seen;  /* per layer: this context's routings so far, i.e. its next token's index (replay, trace) */
     ggml_backend_sched_eval_callback user_callback;
     void *user_data;
     int32_t *ids;        /* scratch: one ubatch of ids, contiguous */
@@ -108,6 +113,10 @@ static int read_router_ids(struct guanaco_hook *hook, const struct ggml_tensor *
     /* No buffer means a plain ggml context: host memory. */
     if (t->buffer && !ggml_backend_buffer_is_host(t->buffer)) {
         size_t span = ggml_nbytes(t);
+        if (hook->device_copy == NULL) { /* once per context: the evidence tests/test_rpc.sh looks for */
+            guanaco_log_info("router ids of %s live in %s memory: copied to the host", t->name,
+                             ggml_backend_buffer_name(t->buffer));
+        }
         if (grow(&hook->device_copy, &hook->device_copy_capacity, span) < 0) {
             return -ENOMEM;
         }
@@ -162,7 +171,7 @@ static void read_ahead(struct guanaco_hook *hook, const struct ggml_tensor *topk
     bool same_tokens = hook->previous_layer >= 0 && hook->previous_tokens == n_tokens;
     const float *scores = hook->engine->router_gate ? next_layer_scores(hook, topk, layer, n_tokens) : NULL;
     guanaco_engine_read_ahead(hook->engine, same_tokens ? hook->previous_layer : -1, hook->previous_ids, layer,
-                              hook->ids, k, n_tokens, scores, hook->rows_seen[layer]);
+                              hook->ids, k, n_tokens, scores, atomic_load(&hook->engine->tokens_done));
     if (grow((void **)&hook->previous_ids, &hook->previous_capacity, n_ids * sizeof(int32_t)) == 0) {
         memcpy(hook->previous_ids, hook->ids, n_ids * sizeof(int32_t));
         hook->previous_layer = layer;
@@ -204,7 +213,7 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
                 overwrite_router_ids(hook, t, layer, k, n_tokens);
             }
             err = guanaco_engine_prepare_layer(hook->engine, layer, hook->ids, (size_t)k * (size_t)n_tokens,
-                                               hook->rows_seen[layer]);
+                                               atomic_load(&hook->engine->tokens_done));
             if (err < 0) {
                 /* The experts of this layer are not all readable: computing would use bytes we could not
                  * read (or fault on them). Stopping the split leaves them untouched, and the error reaches

@@ -18,10 +18,12 @@
  * tools/replay_input.h's, shared with guanaco-sim.
  */
 #include "belady.h"
+#include "budget.h"
 #include "io.h"
 #include "manifest.h"
 #include "policy.h"
 #include "predictor.h"
+#include "residency.h"
 #include "routing_synth.h"
 #include "simulate.h"
 #include "trace.h"
@@ -43,15 +45,11 @@
 #define PROG "guanaco-plan"
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIB (1024.0 * 1024.0)
-/* The engine's automatic budget keeps this much plus a tenth of RAM for the KV cache and compute buffers
-   (automatic_budget() in src/engine.c); the RAM a budget needs is the same rule read backwards. */
-#define MARGIN_FIXED_BYTES (1ull << 30)
-#define MARGIN_RAM_SHARE 0.10
 #define SWEEP_STEPS 10
 #define DISK_SAMPLE_BYTES (256ull << 20)
 #define DISK_BATCH_BYTES (64ull << 20)
-#define DISK_QUEUE_DEPTH 16u   /* the engine's queue depth */
-#define DISK_CHUNK_BYTES (1u << 20) /* the engine's chunk size */
+#define DISK_QUEUE_DEPTH GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH
+#define DISK_CHUNK_BYTES GUANACO_RESIDENCY_CHUNK_BYTES
 #define DIRECT_ALIGNMENT ((uint64_t)GUANACO_IO_DIRECT_ALIGNMENT)
 #define MEMORY_SAMPLE_BYTES (256ull << 20)
 
@@ -423,17 +421,15 @@ static double hit_percent(const struct guanaco_replay_stats *s) {
 
 /* The RAM at which the engine's automatic budget equals `budget`: budget + non-expert + 1 GiB + 10% of RAM. */
 static double ram_needed_bytes(uint64_t budget, uint64_t non_expert) {
-    return ((double)budget + (double)non_expert + (double)MARGIN_FIXED_BYTES) / (1.0 - MARGIN_RAM_SHARE);
+    return guanaco_auto_budget_memory_needed(budget, non_expert);
 }
 
 /* The engine's automatic budget for `ram` bytes, and whether it fell to the engine's floor of a quarter layer. */
 static uint64_t budget_for_ram(uint64_t ram, const struct guanaco_manifest *m, bool *at_floor) {
-    uint64_t non_expert = m->total_bytes - m->expert_bytes;
-    uint64_t margin = MARGIN_FIXED_BYTES + (uint64_t)((double)ram * MARGIN_RAM_SHARE);
-    uint64_t budget = ram > non_expert + margin ? ram - non_expert - margin : 0;
-    uint64_t floor = m->expert_bytes / (uint64_t)m->n_moe_layers / 4;
-    *at_floor = budget < floor;
-    return *at_floor ? floor : budget;
+    struct guanaco_auto_budget rule;
+    guanaco_auto_budget(ram, m, 0, false, &rule);
+    *at_floor = rule.at_floor;
+    return rule.budget;
 }
 
 static int compare_rows(const void *a, const void *b) {

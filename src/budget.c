@@ -1,0 +1,33 @@
+/*
+ * budget.c - owns the --guanaco-ram auto rule. What the machine or cgroup
+ * leaves once the rest of the model is resident: memory - non-expert weights
+ * - a margin. At load the contexts' KV cache and compute buffers are not known
+ * yet, so 1 GiB plus 10% is kept for them. Once a context has allocated them
+ * (guanaco_engine_context_memory), the margin is what they take plus 256 MiB
+ * plus 5% for the process, the page cache's slack and reads in flight: in a
+ * 6 GB limit on a 16.5 GB model, the load-time rule alone left 1.4 GB unused.
+ * The floor is a quarter of a layer's experts, or nothing runs.
+ */
+#include "budget.h"
+
+#define MARGIN_UNKNOWN_BYTES (1ull << 30)
+#define MARGIN_UNKNOWN_SHARE 0.10
+#define MARGIN_KNOWN_BYTES (256ull << 20)
+#define MARGIN_KNOWN_SHARE 0.05
+
+void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int64_t context_bytes,
+                         bool contexts_known, struct guanaco_auto_budget *out) {
+    uint64_t non_expert = m->total_bytes - m->expert_bytes;
+    uint64_t contexts = context_bytes > 0 ? (uint64_t)context_bytes : 0;
+    uint64_t margin = contexts_known ? MARGIN_KNOWN_BYTES + (uint64_t)((double)memory * MARGIN_KNOWN_SHARE) + contexts
+                                     : MARGIN_UNKNOWN_BYTES + (uint64_t)((double)memory * MARGIN_UNKNOWN_SHARE);
+    uint64_t budget = memory > non_expert + margin ? memory - non_expert - margin : 0;
+    uint64_t floor = m->n_moe_layers > 0 ? m->expert_bytes / (uint64_t)m->n_moe_layers / 4 : 0;
+    out->margin = margin;
+    out->at_floor = budget < floor;
+    out->budget = out->at_floor ? floor : budget;
+}
+
+double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes) {
+    return ((double)budget + (double)non_expert_bytes + (double)MARGIN_UNKNOWN_BYTES) / (1.0 - MARGIN_UNKNOWN_SHARE);
+}

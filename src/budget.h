@@ -1,0 +1,28 @@
+/*
+ * budget.h - the --guanaco-ram auto rule, written once: the engine sizes its
+ * budget with it, and guanaco-plan reads it backwards (the memory a budget
+ * needs). budget.c says why each margin is what it is.
+ */
+#ifndef GUANACO_BUDGET_H
+#define GUANACO_BUDGET_H
+
+#include "manifest.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct guanaco_auto_budget {
+    uint64_t budget;   /* expert bytes allowed resident */
+    uint64_t margin;   /* kept free besides the non-expert weights (contexts' buffers included, when known) */
+    bool at_floor;     /* the memory left less than the floor of a quarter layer, which was taken instead */
+};
+
+/* The budget `memory` bytes leave: before any context exists (contexts_known false) a fixed margin covers
+   the KV cache and compute buffers; after, context_bytes are what they really hold. */
+void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int64_t context_bytes,
+                         bool contexts_known, struct guanaco_auto_budget *out);
+
+/* The memory at which the load-time rule (contexts unknown) gives `budget`: the rule read backwards. */
+double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes);
+
+#endif
