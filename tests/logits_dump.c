@@ -8,7 +8,11 @@
 // binary works against the stock build (where the variable is ignored).
 //
 // Usage: logits_dump MODEL.gguf OUT.bin [--threads N] [--prompt-tokens N] [--gen-tokens N]
-//                    [--no-repack] [--ubatch N]
+//                    [--no-repack] [--ubatch N] [--rpc HOST:PORT] [--n-gpu-layers N] [--cpu-moe]
+//
+// --rpc, --n-gpu-layers and --cpu-moe mean what llama.cpp's common flags of those names mean
+// (an rpc-server as a device, layers offloaded to it, expert tensors kept in host memory):
+// tests/test_rpc.sh compares device offload with and without streaming through them.
 //
 // Output format (native byte order, little-endian on every platform we test):
 //   char     magic[8]  = "GNCLOGT1"
@@ -58,7 +62,7 @@ static void log_cb(enum ggml_log_level level, const char * text, void * user_dat
 static void usage(void) {
     fprintf(stderr,
         "usage: logits_dump MODEL.gguf OUT.bin [--threads N] [--prompt-tokens N] [--gen-tokens N]\n"
-        "                   [--no-repack] [--ubatch N]\n");
+        "                   [--no-repack] [--ubatch N] [--rpc HOST:PORT] [--n-gpu-layers N] [--cpu-moe]\n");
 }
 
 // Checks all values are finite; reports the first offender.
@@ -109,6 +113,9 @@ int main(int argc, char ** argv) {
     long n_gen      = 8;
     long n_ubatch   = 64;
     bool no_repack  = false;
+    const char * rpc_endpoint = NULL;
+    long n_gpu_layers = 0;
+    bool cpu_moe    = false;
 
     for (int i = 1; i < argc; ++i) {
         const char * a = argv[i];
@@ -127,6 +134,15 @@ int main(int argc, char ** argv) {
             ++i;
         } else if (strcmp(a, "--no-repack") == 0) {
             no_repack = true;
+        } else if (strcmp(a, "--rpc") == 0) {
+            if (v == NULL) { say("--rpc needs HOST:PORT"); return 2; }
+            rpc_endpoint = v;
+            ++i;
+        } else if (strcmp(a, "--n-gpu-layers") == 0) {
+            if (!parse_int(a, v, 0, 1000, &n_gpu_layers)) { return 2; }
+            ++i;
+        } else if (strcmp(a, "--cpu-moe") == 0) {
+            cpu_moe = true;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage();
             return 0;
@@ -169,8 +185,37 @@ int main(int argc, char ** argv) {
     FILE * out = NULL;
     float * rows = NULL;
 
+    // As common's --rpc does it: through the registry, so this builds without GGML_RPC too.
+    if (rpc_endpoint != NULL) {
+        ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
+        typedef ggml_backend_reg_t (*add_server_fn)(const char * endpoint);
+        add_server_fn add_server = rpc == NULL ? NULL
+            : (add_server_fn) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server");
+        if (add_server == NULL) {
+            say("--rpc %s: this ggml was built without the RPC backend (GGML_RPC)", rpc_endpoint);
+            return 2;
+        }
+        ggml_backend_reg_t server = add_server(rpc_endpoint);
+        if (server == NULL || ggml_backend_reg_dev_count(server) == 0) {
+            say("--rpc %s: no device at that endpoint (is rpc-server running?)", rpc_endpoint);
+            return 1;
+        }
+        ggml_backend_register(server);
+    }
+    // common's --cpu-moe: every expert tensor stays in host memory (the mapping Guanaco streams into).
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_buffer_type_t host = cpu == NULL ? NULL : ggml_backend_dev_buffer_type(cpu);
+    const struct llama_model_tensor_buft_override cpu_moe_overrides[] = {
+        { "\\.ffn_(up|down|gate|gate_up)_(ch|)exps", host },
+        { NULL, NULL },
+    };
+
     struct llama_model_params mparams = llama_model_default_params();
-    mparams.n_gpu_layers = 0;           // CPU only: the invariant is about the CPU/mmap path
+    // CPU only unless asked: the invariant is about the CPU/mmap path
+    mparams.n_gpu_layers = (int32_t) n_gpu_layers;
+    if (cpu_moe) {
+        mparams.tensor_buft_overrides = cpu_moe_overrides;
+    }
     if (no_repack) {
         // Repacking (CPU "extra" buffer types, e.g. Q4_0 -> Q4_0x8) changes the kernel and thus
         // the float summation order; disabling it gives the layout streaming must match.
