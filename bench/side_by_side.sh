@@ -29,7 +29,7 @@
 #   +SET             +KEY=VALUE, repeatable: the run gets the environment variable
 #                    GUANACO_KEY=VALUE (KEY upper-cased, '-' read as '_'). KEY is
 #                    [a-z][a-z0-9_-]*, VALUE is [A-Za-z0-9._/-]+ (no ',', ':' or '+').
-#                    prefetch takes none|pilot (the engine's default is pilot), e.g.
+#                    prefetch takes none|pilot|gate (the engine's default is pilot), e.g.
 #                      guanaco+prefetch=none                           default configuration, prefetch off
 #                      guanaco+prefetch=pilot                          default configuration, prefetch on
 #                      guanaco:layer-lru:page-cache:uring+prefetch=none
@@ -114,7 +114,7 @@ variant_parse() {
     for kv in "${parts[@]}"; do
         key=${kv%%=*}
         case $key in
-        prefetch) [[ ${kv#*=} =~ ^(none|pilot)$ ]] || die "variant '$variant': prefetch is none or pilot" ;;
+        prefetch) [[ ${kv#*=} =~ ^(none|pilot|gate)$ ]] || die "variant '$variant': prefetch is none, pilot or gate" ;;
         esac
         name=${key^^}
         V_ENV+=("GUANACO_${name//-/_}=${kv#*=}")
