@@ -83,3 +83,7 @@ set_property(TEST tracegen APPEND PROPERTY ENVIRONMENT
 guanaco_script_test(plan test_plan.sh)
 set_property(TEST plan APPEND PROPERTY ENVIRONMENT
     "PLAN=$<TARGET_FILE:guanaco-plan>" "TRACEGEN=$<TARGET_FILE:guanaco-tracegen>")
+
+# Device offload without a GPU: ggml-rpc-server on loopback as the device (--n-gpu-layers 99 --cpu-moe), experts
+# streaming on the host; logits equal the same offload without streaming, ids read off the device, page cache.
+guanaco_script_test(rpc test_rpc.sh)
