@@ -1,15 +1,19 @@
 /*
  * trace_jsonl.c - owns converting JSON Lines routing logs into a Guanaco
- * routing trace (trace.h). The input is a stream of flat objects whose values
- * are numbers, strings or arrays of numbers, so a small dedicated parser reads
- * exactly that and rejects everything else with the line number: a broken
- * input line must never become a wrong routing decision or a crash.
+ * routing trace (trace.h). Each line is parsed by libjansson (JSON grammar,
+ * escapes, UTF-8, duplicate keys); this file owns the routing rules on top:
+ * which keys a line needs, what their values may be, and what a whole file
+ * may hold. A broken input line must never become a wrong routing decision
+ * or a crash, so every rule fails with the file and line number.
  */
 #include "trace_jsonl.h"
 #include "log.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
+#include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -21,7 +25,7 @@
 
 /* ---- one line: a flat JSON object ---- */
 
-#define TEXT_BYTES 64 /* dataset and problem_id text, and the longest key we care about */
+#define TEXT_BYTES 64 /* dataset and problem_id text */
 
 struct parsed_line {
     char dataset[TEXT_BYTES];
@@ -29,216 +33,25 @@ struct parsed_line {
     uint32_t layer, token;
     int32_t *ids;
     float *weights;
-    size_t n_ids, n_weights, ids_capacity, weights_capacity;
-    bool has_dataset, has_problem_id, has_layer, has_token, has_experts, has_weights;
+    size_t n_ids, ids_capacity, weights_capacity;
+    bool has_weights;
 };
 
-struct line_parser {
-    const char *start, *p, *end;
+/* Where a message about one input line points: "PATH:LINE: ...". */
+struct line_place {
     const char *path;
     size_t line;
 };
 
-__attribute__((format(printf, 2, 3))) static int parse_error(const struct line_parser *parser, const char *format,
-                                                             ...) {
-    char what[256];
+__attribute__((format(printf, 2, 3))) static int line_error(const struct line_place *place, const char *format,
+                                                            ...) {
+    char what[320];
     va_list args;
     va_start(args, format);
     vsnprintf(what, sizeof(what), format, args);
     va_end(args);
-    guanaco_log_error("%s:%zu: column %zu: %s", parser->path, parser->line, (size_t)(parser->p - parser->start) + 1,
-                      what);
+    guanaco_log_error("%s:%zu: %s", place->path, place->line, what);
     return -EINVAL;
-}
-
-static void skip_space(struct line_parser *parser) {
-    while (parser->p < parser->end &&
-           (*parser->p == ' ' || *parser->p == '\t' || *parser->p == '\r' || *parser->p == '\n')) {
-        parser->p++;
-    }
-}
-
-/* Consumes `c` (after white space) or fails naming what was expected. */
-static int expect(struct line_parser *parser, char c, const char *context) {
-    skip_space(parser);
-    if (parser->p >= parser->end || *parser->p != c) {
-        return parse_error(parser, "expected '%c' %s", c, context);
-    }
-    parser->p++;
-    return 0;
-}
-
-static int hex_digit(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-static int read_hex4(struct line_parser *parser, unsigned *value) {
-    if (parser->end - parser->p < 4) {
-        return parse_error(parser, "\\u escape needs 4 hex digits");
-    }
-    *value = 0;
-    for (int i = 0; i < 4; i++) {
-        int digit = hex_digit(parser->p[i]);
-        if (digit < 0) {
-            return parse_error(parser, "\\u escape needs 4 hex digits");
-        }
-        *value = *value * 16 + (unsigned)digit;
-    }
-    parser->p += 4;
-    return 0;
-}
-
-/* Appends one byte to a bounded text buffer; remembers an overflow instead of writing past it. */
-static void text_put(char *out, size_t size, size_t *used, bool *too_long, unsigned char byte) {
-    if (*used + 1 < size) {
-        out[(*used)++] = (char)byte;
-        out[*used] = '\0';
-    } else {
-        *too_long = true;
-    }
-}
-
-/* Parses a JSON string (the opening quote is next) into out (NUL-terminated; too_long set when cut). */
-static int parse_string(struct line_parser *parser, char *out, size_t size, bool *too_long) {
-    int err = expect(parser, '"', "to open a string");
-    if (err != 0) {
-        return err;
-    }
-    size_t used = 0;
-    *too_long = false;
-    out[0] = '\0';
-    while (parser->p < parser->end && *parser->p != '"') {
-        unsigned char c = (unsigned char)*parser->p;
-        if (c < 0x20) {
-            return parse_error(parser, "control character 0x%02x inside a string", c);
-        }
-        parser->p++;
-        if (c != '\\') {
-            text_put(out, size, &used, too_long, c);
-            continue;
-        }
-        if (parser->p >= parser->end) {
-            break;
-        }
-        char escape = *parser->p++;
-        const char *simple = strchr("\"\\/bfnrt", escape);
-        if (escape != '\0' && simple) {
-            static const char decoded[] = "\"\\/\b\f\n\r\t";
-            text_put(out, size, &used, too_long, (unsigned char)decoded[simple - "\"\\/bfnrt"]);
-            continue;
-        }
-        if (escape != 'u') {
-            parser->p--;
-            return parse_error(parser, "unknown escape \\%c in a string", escape);
-        }
-        unsigned code;
-        if ((err = read_hex4(parser, &code)) != 0) {
-            return err;
-        }
-        if (code >= 0xD800 && code <= 0xDBFF) { /* a UTF-16 surrogate pair spells one code point */
-            unsigned low;
-            if (parser->end - parser->p < 2 || parser->p[0] != '\\' || parser->p[1] != 'u') {
-                return parse_error(parser, "lone UTF-16 surrogate \\u%04X in a string", code);
-            }
-            parser->p += 2;
-            if ((err = read_hex4(parser, &low)) != 0) {
-                return err;
-            }
-            if (low < 0xDC00 || low > 0xDFFF) {
-                return parse_error(parser, "invalid UTF-16 surrogate pair in a string");
-            }
-            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-        } else if (code >= 0xDC00 && code <= 0xDFFF) {
-            return parse_error(parser, "lone UTF-16 surrogate \\u%04X in a string", code);
-        }
-        /* UTF-8 encode */
-        if (code < 0x80) {
-            text_put(out, size, &used, too_long, (unsigned char)code);
-        } else if (code < 0x800) {
-            text_put(out, size, &used, too_long, (unsigned char)(0xC0 | code >> 6));
-            text_put(out, size, &used, too_long, (unsigned char)(0x80 | (code & 0x3F)));
-        } else if (code < 0x10000) {
-            text_put(out, size, &used, too_long, (unsigned char)(0xE0 | code >> 12));
-            text_put(out, size, &used, too_long, (unsigned char)(0x80 | (code >> 6 & 0x3F)));
-            text_put(out, size, &used, too_long, (unsigned char)(0x80 | (code & 0x3F)));
-        } else {
-            text_put(out, size, &used, too_long, (unsigned char)(0xF0 | code >> 18));
-            text_put(out, size, &used, too_long, (unsigned char)(0x80 | (code >> 12 & 0x3F)));
-            text_put(out, size, &used, too_long, (unsigned char)(0x80 | (code >> 6 & 0x3F)));
-            text_put(out, size, &used, too_long, (unsigned char)(0x80 | (code & 0x3F)));
-        }
-    }
-    if (parser->p >= parser->end) {
-        return parse_error(parser, "string is not closed");
-    }
-    parser->p++; /* closing quote */
-    return 0;
-}
-
-/*
- * Parses a JSON number by its grammar (strtod alone would also take "inf",
- * "0x1p3" or " 1"). Returns the value and, in `text`, the number as written.
- */
-static int parse_number(struct line_parser *parser, double *value, char *text, size_t text_size) {
-    skip_space(parser);
-    const char *begin = parser->p, *q = parser->p, *end = parser->end;
-    if (q < end && *q == '-') q++;
-    if (q < end && *q == '0') {
-        q++;
-    } else if (q < end && *q >= '1' && *q <= '9') {
-        while (q < end && *q >= '0' && *q <= '9') q++;
-    } else {
-        return parse_error(parser, "expected a number");
-    }
-    if (q < end && *q == '.') {
-        q++;
-        if (q >= end || *q < '0' || *q > '9') {
-            parser->p = q;
-            return parse_error(parser, "expected a digit after the decimal point");
-        }
-        while (q < end && *q >= '0' && *q <= '9') q++;
-    }
-    if (q < end && (*q == 'e' || *q == 'E')) {
-        q++;
-        if (q < end && (*q == '+' || *q == '-')) q++;
-        if (q >= end || *q < '0' || *q > '9') {
-            parser->p = q;
-            return parse_error(parser, "expected a digit in the exponent");
-        }
-        while (q < end && *q >= '0' && *q <= '9') q++;
-    }
-    size_t length = (size_t)(q - begin);
-    if (length + 1 > text_size) {
-        return parse_error(parser, "number of %zu characters is too long", length);
-    }
-    memcpy(text, begin, length);
-    text[length] = '\0';
-    *value = strtod(text, NULL);
-    if (!isfinite(*value)) {
-        return parse_error(parser, "number %s is out of range", text);
-    }
-    parser->p = q;
-    return 0;
-}
-
-/* A number that must be a whole value in [0, max]: a layer, a token position, an expert id. */
-static int parse_count(struct line_parser *parser, const char *key, double max, uint32_t *out) {
-    const char *at = parser->p;
-    char text[TEXT_BYTES];
-    double value;
-    int err = parse_number(parser, &value, text, sizeof(text));
-    if (err != 0) {
-        return err;
-    }
-    if (value < 0 || value > max || value != floor(value)) {
-        parser->p = at;
-        return parse_error(parser, "%s must be a whole number from 0 to %.0f, not %s", key, max, text);
-    }
-    *out = (uint32_t)value;
-    return 0;
 }
 
 static int grow(void **array, size_t *capacity, size_t needed, size_t element) {
@@ -256,189 +69,156 @@ static int grow(void **array, size_t *capacity, size_t needed, size_t element) {
     return 0;
 }
 
-/* Parses "[n, n, ...]"; ids when `ids` is true (whole numbers < 65536), else weights (any finite number). */
-static int parse_number_array(struct line_parser *parser, const char *key, bool ids, struct parsed_line *line) {
-    int err = expect(parser, '[', ids ? "to open the experts array" : "to open the gating_probs array");
-    if (err != 0) {
-        return err;
-    }
-    size_t *count = ids ? &line->n_ids : &line->n_weights;
-    *count = 0;
-    skip_space(parser);
-    if (parser->p < parser->end && *parser->p == ']') {
-        parser->p++;
-        return 0;
-    }
-    for (;;) {
-        if (*count >= GUANACO_TRACE_MAX_EXPERTS) {
-            return parse_error(parser, "%s has more than %u elements", key, GUANACO_TRACE_MAX_EXPERTS);
-        }
-        if (ids) {
-            uint32_t id = 0;
-            if ((err = grow((void **)&line->ids, &line->ids_capacity, *count + 1, sizeof(*line->ids))) != 0 ||
-                (err = parse_count(parser, "an expert id", GUANACO_TRACE_MAX_EXPERTS - 1, &id)) != 0) {
-                return err;
-            }
-            line->ids[(*count)++] = (int32_t)id;
-        } else {
-            double value = 0.0;
-            char text[TEXT_BYTES];
-            if ((err = grow((void **)&line->weights, &line->weights_capacity, *count + 1,
-                            sizeof(*line->weights))) != 0 ||
-                (err = parse_number(parser, &value, text, sizeof(text))) != 0) {
-                return err;
-            }
-            line->weights[(*count)++] = (float)value;
-        }
-        skip_space(parser);
-        if (parser->p < parser->end && *parser->p == ',') {
-            parser->p++;
-            continue;
-        }
-        return expect(parser, ']', "or ',' in an array of numbers");
+/* How a value that broke a rule was written, for the message: the number, or the JSON type. */
+static void describe(const json_t *value, char *out, size_t size) {
+    switch (json_typeof(value)) {
+    case JSON_INTEGER: snprintf(out, size, "%" JSON_INTEGER_FORMAT, json_integer_value(value)); break;
+    case JSON_REAL: snprintf(out, size, "%.17g", json_real_value(value)); break;
+    case JSON_STRING: snprintf(out, size, "a string"); break;
+    case JSON_ARRAY: snprintf(out, size, "an array"); break;
+    case JSON_OBJECT: snprintf(out, size, "an object"); break;
+    case JSON_TRUE: case JSON_FALSE: snprintf(out, size, "a boolean"); break;
+    default: snprintf(out, size, "null"); break;
     }
 }
 
-/* Skips the value of a key this converter does not use; it must still be a number, string or number array. */
-static int skip_value(struct line_parser *parser) {
-    skip_space(parser);
-    double value;
-    char text[TEXT_BYTES];
-    if (parser->p < parser->end && *parser->p == '"') {
-        char ignored[2];
-        bool too_long;
-        return parse_string(parser, ignored, sizeof(ignored), &too_long);
-    }
-    if (parser->p >= parser->end || *parser->p != '[') {
-        return parse_number(parser, &value, text, sizeof(text));
-    }
-    parser->p++;
-    skip_space(parser);
-    if (parser->p < parser->end && *parser->p == ']') {
-        parser->p++;
+/*
+ * A layer, a token position or an expert id: a JSON integer (written without
+ * '.' or exponent: 3.0 and 1e2 are refused, since an id written as a real
+ * number means the producer computed it, and we would rather hear about it)
+ * in [0, max]. Negative values and values past max are refused, not wrapped.
+ */
+static int read_count(const struct line_place *place, const json_t *value, const char *key, uint32_t max,
+                      uint32_t *out) {
+    if (json_is_integer(value) && json_integer_value(value) >= 0 && json_integer_value(value) <= (json_int_t)max) {
+        *out = (uint32_t)json_integer_value(value);
         return 0;
     }
-    for (;;) {
-        int err = parse_number(parser, &value, text, sizeof(text));
+    char text[48];
+    describe(value, text, sizeof(text));
+    return line_error(place, "%s must be a whole number from 0 to %" PRIu32 ", written without '.' or exponent, "
+                      "not %s", key, max, text);
+}
+
+/* dataset, or a problem_id given as a string: at most TEXT_BYTES - 1 bytes (jansson refuses \u0000). */
+static int read_text(const struct line_place *place, const json_t *value, const char *key, char *out) {
+    if (json_string_length(value) >= TEXT_BYTES) {
+        return line_error(place, "%s is longer than %d bytes", key, TEXT_BYTES - 1);
+    }
+    memcpy(out, json_string_value(value), json_string_length(value) + 1);
+    return 0;
+}
+
+/* "experts": ids, whole numbers below GUANACO_TRACE_MAX_EXPERTS, none twice; at least one. */
+static int read_experts(const struct line_place *place, const json_t *array, struct parsed_line *line) {
+    if (!json_is_array(array)) {
+        return line_error(place, "\"experts\" must be an array of expert ids");
+    }
+    size_t n = json_array_size(array);
+    if (n == 0) {
+        return line_error(place, "\"experts\" is empty");
+    }
+    if (n > GUANACO_TRACE_MAX_EXPERTS) {
+        return line_error(place, "experts has more than %u elements", GUANACO_TRACE_MAX_EXPERTS);
+    }
+    if (grow((void **)&line->ids, &line->ids_capacity, n, sizeof(*line->ids)) != 0) {
+        return line_error(place, "out of memory for %zu expert ids", n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id;
+        int err = read_count(place, json_array_get(array, i), "an expert id", GUANACO_TRACE_MAX_EXPERTS - 1, &id);
         if (err != 0) {
             return err;
         }
-        skip_space(parser);
-        if (parser->p < parser->end && *parser->p == ',') {
-            parser->p++;
-            continue;
-        }
-        return expect(parser, ']', "or ',' in an array of numbers");
+        line->ids[i] = (int32_t)id;
     }
-}
-
-static int parse_line(struct line_parser *parser, struct parsed_line *line) {
-    line->has_dataset = line->has_problem_id = line->has_layer = line->has_token = false;
-    line->has_experts = line->has_weights = false;
-    line->n_ids = line->n_weights = 0;
-    int err = expect(parser, '{', "to open the line's object");
-    skip_space(parser);
-    if (err == 0 && parser->p < parser->end && *parser->p == '}') {
-        parser->p++;
-    } else {
-        while (err == 0) {
-            char key[TEXT_BYTES];
-            bool too_long;
-            const char *key_at = parser->p;
-            if ((err = parse_string(parser, key, sizeof(key), &too_long)) != 0 ||
-                (err = expect(parser, ':', "after a key")) != 0) {
-                break;
-            }
-            bool *seen = NULL;
-            if (strcmp(key, "dataset") == 0) seen = &line->has_dataset;
-            else if (strcmp(key, "problem_id") == 0) seen = &line->has_problem_id;
-            else if (strcmp(key, "layer") == 0) seen = &line->has_layer;
-            else if (strcmp(key, "token_idx") == 0) seen = &line->has_token;
-            else if (strcmp(key, "experts") == 0) seen = &line->has_experts;
-            else if (strcmp(key, "gating_probs") == 0) seen = &line->has_weights;
-            if (seen && *seen) {
-                parser->p = key_at;
-                err = parse_error(parser, "key \"%s\" appears twice", key);
-                break;
-            }
-            if (seen) {
-                *seen = true;
-            }
-            skip_space(parser);
-            if (seen == &line->has_dataset) {
-                const char *at = parser->p;
-                err = parse_string(parser, line->dataset, sizeof(line->dataset), &too_long);
-                if (err == 0 && too_long) {
-                    parser->p = at;
-                    err = parse_error(parser, "dataset name is longer than %d bytes", TEXT_BYTES - 1);
-                }
-            } else if (seen == &line->has_problem_id) {
-                /* Either a number or a string ("HumanEval/3"); kept as text, it only has to tell problems apart. */
-                const char *at = parser->p;
-                if (parser->p < parser->end && *parser->p == '"') {
-                    err = parse_string(parser, line->problem_id, sizeof(line->problem_id), &too_long);
-                } else {
-                    double value;
-                    too_long = false;
-                    err = parse_number(parser, &value, line->problem_id, sizeof(line->problem_id));
-                }
-                if (err == 0 && too_long) {
-                    parser->p = at;
-                    err = parse_error(parser, "problem_id is longer than %d bytes", TEXT_BYTES - 1);
-                }
-            } else if (seen == &line->has_layer) {
-                err = parse_count(parser, "layer", (double)UINT32_MAX - 1, &line->layer);
-            } else if (seen == &line->has_token) {
-                err = parse_count(parser, "token_idx", (double)UINT32_MAX, &line->token);
-            } else if (seen == &line->has_experts) {
-                err = parse_number_array(parser, "experts", true, line);
-            } else if (seen == &line->has_weights) {
-                err = parse_number_array(parser, "gating_probs", false, line);
-            } else {
-                err = skip_value(parser);
-            }
-            if (err != 0) {
-                break;
-            }
-            skip_space(parser);
-            if (parser->p < parser->end && *parser->p == ',') {
-                parser->p++;
-                continue;
-            }
-            err = expect(parser, '}', "or ',' after a value");
-            break;
-        }
-    }
-    if (err != 0) {
-        return err;
-    }
-    skip_space(parser);
-    if (parser->p != parser->end) {
-        return parse_error(parser, "unexpected text after the object (one object per line)");
-    }
-    static const char *const required[] = {"dataset", "problem_id", "layer", "token_idx", "experts"};
-    const bool present[] = {line->has_dataset, line->has_problem_id, line->has_layer, line->has_token,
-                            line->has_experts};
-    for (size_t i = 0; i < sizeof(present) / sizeof(present[0]); i++) {
-        if (!present[i]) {
-            parser->p = parser->start;
-            return parse_error(parser, "the object has no \"%s\" key", required[i]);
-        }
-    }
-    if (line->n_ids == 0) {
-        return parse_error(parser, "\"experts\" is empty");
-    }
-    if (line->has_weights && line->n_weights != line->n_ids) {
-        return parse_error(parser, "%zu experts but %zu gating_probs", line->n_ids, line->n_weights);
-    }
-    for (size_t i = 0; i < line->n_ids; i++) {
+    line->n_ids = n;
+    for (size_t i = 0; i < n; i++) {
         for (size_t j = 0; j < i; j++) {
             if (line->ids[i] == line->ids[j]) {
-                return parse_error(parser, "expert %d is chosen twice in one routing decision", line->ids[i]);
+                return line_error(place, "expert %d is chosen twice in one routing decision", line->ids[i]);
             }
         }
     }
     return 0;
+}
+
+/* "gating_probs": one number per expert (integer or real), each finite as a float. */
+static int read_weights(const struct line_place *place, const json_t *array, struct parsed_line *line) {
+    if (!json_is_array(array)) {
+        return line_error(place, "\"gating_probs\" must be an array of numbers");
+    }
+    size_t n = json_array_size(array);
+    if (n != line->n_ids) {
+        return line_error(place, "%zu experts but %zu gating_probs", line->n_ids, n);
+    }
+    if (grow((void **)&line->weights, &line->weights_capacity, n, sizeof(*line->weights)) != 0) {
+        return line_error(place, "out of memory for %zu gating_probs", n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *value = json_array_get(array, i);
+        double weight = json_number_value(value);
+        /* jansson refuses NaN, Infinity and doubles that overflow; a float is narrower still. */
+        if (!json_is_number(value) || !(fabs(weight) <= FLT_MAX)) {
+            char text[48];
+            describe(value, text, sizeof(text));
+            return line_error(place, "a gating_probs value must be a number within float range, not %s", text);
+        }
+        line->weights[i] = (float)weight;
+    }
+    line->has_weights = true;
+    return 0;
+}
+
+/*
+ * Parses one line (`length` bytes, no NUL inside) into `line`. Keys other than
+ * the six below are allowed and ignored, whatever their value; every key at
+ * most once (JSON_REJECT_DUPLICATES). A syntax error's message gives
+ * jansson's column, counted in characters from 1.
+ */
+static int parse_line(const struct line_place *place, const char *text, size_t length, struct parsed_line *line) {
+    json_error_t error;
+    json_t *root = json_loadb(text, length, JSON_REJECT_DUPLICATES, &error);
+    if (!root) {
+        return line_error(place, "column %d: %s", error.column, error.text);
+    }
+    int err = 0;
+    line->n_ids = 0;
+    line->has_weights = false;
+    static const char *const required[] = {"dataset", "problem_id", "layer", "token_idx", "experts"};
+    const json_t *values[5], *weights = json_object_get(root, "gating_probs");
+    if (!json_is_object(root)) {
+        err = line_error(place, "column 1: the line is not a JSON object (one object per line)");
+    }
+    for (size_t i = 0; i < 5 && err == 0; i++) {
+        values[i] = json_object_get(root, required[i]);
+        if (!values[i]) {
+            err = line_error(place, "the object has no \"%s\" key", required[i]);
+        }
+    }
+    if (err == 0) {
+        err = json_is_string(values[0]) ? read_text(place, values[0], "dataset name", line->dataset)
+                                        : line_error(place, "dataset must be a string");
+    }
+    if (err == 0) {
+        /* A string ("HumanEval/3") or an integer; kept as text, it only has to tell problems apart. */
+        if (json_is_string(values[1])) {
+            err = read_text(place, values[1], "problem_id", line->problem_id);
+        } else if (json_is_integer(values[1])) {
+            snprintf(line->problem_id, sizeof(line->problem_id), "%" JSON_INTEGER_FORMAT,
+                     json_integer_value(values[1]));
+        } else {
+            char what[48];
+            describe(values[1], what, sizeof(what));
+            err = line_error(place, "problem_id must be a string or an integer, not %s", what);
+        }
+    }
+    if (err == 0) err = read_count(place, values[2], "layer", UINT32_MAX - 1, &line->layer);
+    if (err == 0) err = read_count(place, values[3], "token_idx", UINT32_MAX, &line->token);
+    if (err == 0) err = read_experts(place, values[4], line);
+    if (err == 0 && weights) err = read_weights(place, weights, line);
+    json_decref(root);
+    return err;
 }
 
 /* ---- the whole file ---- */
@@ -642,25 +422,18 @@ static int read_input(struct conversion *conversion, size_t *n_lines) {
             err = -EINVAL;
             break;
         }
+        struct line_place place = {.path = conversion->path, .line = line_number};
         if (length == -2) {
-            size_t at = strlen(text); /* the NUL's column - 1 */
-            struct line_parser parser = {.start = text, .p = text + at, .end = text + at + 1,
-                                         .path = conversion->path, .line = line_number};
-            err = parse_error(&parser, "NUL byte in the line");
+            /* Byte column: the NUL may follow bytes that are not valid UTF-8, so characters are not countable. */
+            err = line_error(&place, "column %zu: NUL byte in the line", strlen(text) + 1);
             break;
         }
-        /* The line break is not part of the object; a '\r' before it neither. */
-        while (length > 0 && text[length - 1] == '\r') {
-            length--;
-        }
-        struct line_parser parser = {.start = text, .p = text, .end = text + length, .path = conversion->path,
-                                     .line = line_number};
-        skip_space(&parser);
-        if (parser.p == parser.end) {
+        /* The line break is not part of the object (jansson takes '\r' as white space). */
+        if (strspn(text, " \t\r") == (size_t)length) {
             continue; /* a blank line, e.g. a trailing newline */
         }
         (*n_lines)++;
-        err = parse_line(&parser, &line);
+        err = parse_line(&place, text, (size_t)length, &line);
         if (err == 0) {
             err = add_record(conversion, &line, line_number);
         }

@@ -527,7 +527,7 @@ static void test_convert_fixture(void) {
     char input[256], output[256];
     path_in_directory(input, sizeof(input), "fixture.jsonl");
     path_in_directory(output, sizeof(output), "fixture.trace");
-    /* Two problems, lines out of order, a CRLF, a blank line, an unknown key, a string problem_id,
+    /* Two problems, lines out of order, a CRLF, a blank line, unknown keys (any JSON value), a string problem_id,
      * one position missing layer 1, and weights absent on one line. Layers 0 and 1 only, top-2. */
     write_text(input,
                "{\"dataset\": \"gsm8k\", \"problem_id\": 0, \"layer\": 0, \"experts\": [1, 2], "
@@ -536,7 +536,8 @@ static void test_convert_fixture(void) {
                "\"gating_probs\": [0.5, 0.5], \"token_idx\": 1}\r\n"
                "\n"
                "{\"dataset\": \"gsm8k\", \"problem_id\": 0, \"layer\": 1, \"experts\": [4, 5], "
-               "\"gating_probs\": [0.6, 0.4], \"token_idx\": 0, \"note\": [1, 2.5e-3, -4]}\n"
+               "\"gating_probs\": [0.6, 0.4], \"token_idx\": 0, \"note\": [1, 2.5e-3, -4], "
+               "\"meta\": {\"x\": [true, null, {\"y\": \"z\"}]}}\n"
                "{\"dataset\": \"humaneval\", \"problem_id\": \"HumanEval/\\u0033\", \"layer\": 1, "
                "\"experts\": [6, 7], \"token_idx\": 0}\n"
                "  { \"token_idx\" : 0 , \"experts\" : [ 0 , 6 ] , \"layer\" : 0 , \"problem_id\" : "
@@ -642,21 +643,48 @@ static void test_convert_rejects(void) {
     REJECT("\"layer\": 0, \"experts\": [1, 1], \"token_idx\": 1}", "chosen twice");
     REJECT("\"layer\": 0, \"experts\": [], \"token_idx\": 1}", "\"experts\" is empty");
     REJECT("\"layer\": 0, \"experts\": [1, 0], \"gating_probs\": [1.0], \"token_idx\": 1}", "2 experts but 1");
-    REJECT("\"layer\": 0, \"experts\": [1, 0], \"gating_probs\": [NaN, 1], \"token_idx\": 1}", "expected a number");
-    REJECT("\"layer\": 0, \"experts\": [1, 0], \"gating_probs\": [1e999, 0], \"token_idx\": 1}", "out of range");
-    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1} {}", "unexpected text after the object");
-    REJECT("\"layer\": 0, \"layer\": 1, \"experts\": [1, 0], \"token_idx\": 1}", "appears twice");
-    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1, \"x\": {\"y\": 1}}", "expected a number");
-    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1, \"x\": true}", "expected a number");
-    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 0x1}", "or ',' after a value");
-    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 01}", "or ',' after a value");
-    REJECT("\"layer\": 0, \"experts\": [1 0], \"token_idx\": 1}", "in an array of numbers");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"gating_probs\": [NaN, 1], \"token_idx\": 1}",
+           "column 85: invalid token");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"gating_probs\": [1e999, 0], \"token_idx\": 1}",
+           "real number overflow");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1} {}", "column 82: end of file expected");
+    REJECT("\"layer\": 0, \"layer\": 1, \"experts\": [1, 0], \"token_idx\": 1}", "column 53: duplicate object key");
+    /* Unknown keys may repeat no more than known ones. */
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1, \"x\": 1, \"x\": 1}", "duplicate object key");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 0x1}", "'}' expected near 'x'");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 01}", "invalid token");
+    REJECT("\"layer\": 0, \"experts\": [1 0], \"token_idx\": 1}", "column 61: ']' expected");
     REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 4294967296}", "token_idx must be a whole number");
     REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 0}", "repeats line 1");
-    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1, \"s\": \"open}", "string is not closed");
-    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1, \"s\": \"\\q\"}", "unknown escape");
-    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1, \"s\": \"\\ud800\"}", "lone UTF-16 surrogate");
-    expect_rejected_line("[1, 2, 3]", "expected '{'");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1, \"s\": \"open}", "premature end of input");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1, \"s\": \"\\q\"}", "invalid escape");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1, \"s\": \"\\ud800\"}", "invalid Unicode");
+    expect_rejected_line("[1, 2, 3]", "not a JSON object");
+    /* Number rules: a layer, token_idx or expert id is a JSON integer in range. 3.0 and 1e2 are refused
+     * (a real number where an id belongs means the producer computed it); negative values and values past
+     * the field's range are refused, never wrapped; past 64 bits jansson itself refuses the integer. */
+    REJECT("\"layer\": 3.0, \"experts\": [1, 0], \"token_idx\": 1}", "layer must be a whole number");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 1e2}", "token_idx must be a whole number");
+    REJECT("\"layer\": 0, \"experts\": [1, 2.0], \"token_idx\": 1}", "an expert id must be a whole number");
+    REJECT("\"layer\": -1, \"experts\": [1, 0], \"token_idx\": 1}", "layer must be a whole number");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": -1}", "not -1");
+    REJECT("\"layer\": 4294967295, \"experts\": [1, 0], \"token_idx\": 1}", "from 0 to 4294967294");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"token_idx\": 99999999999999999999}", "too big integer");
+    REJECT("\"layer\": \"0\", \"experts\": [1, 0], \"token_idx\": 1}", "not a string");
+    REJECT("\"layer\": 0, \"experts\": 1, \"token_idx\": 1}", "\"experts\" must be an array");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"gating_probs\": [1e39, 0], \"token_idx\": 1}",
+           "within float range");
+    REJECT("\"layer\": 0, \"experts\": [1, 0], \"gating_probs\": [\"1\", 0], \"token_idx\": 1}",
+           "within float range, not a string");
+    expect_rejected_line("{\"dataset\": \"d\", \"problem_id\": 2.5, \"layer\": 0, \"experts\": [1, 0], "
+                         "\"token_idx\": 1}", "problem_id must be a string or an integer");
+    expect_rejected_line("{\"dataset\": 1, \"problem_id\": 0, \"layer\": 0, \"experts\": [1, 0], "
+                         "\"token_idx\": 1}", "dataset must be a string");
+    /* Not UTF-8, and a NUL escaped inside a string: jansson refuses both. */
+    expect_rejected_line("{\"dataset\": \"\xff\", \"problem_id\": 0, \"layer\": 0, \"experts\": [1, 0], "
+                         "\"token_idx\": 1}", "unable to decode byte 0xff");
+    expect_rejected_line("{\"dataset\": \"a\\u0000b\", \"problem_id\": 0, \"layer\": 0, \"experts\": [1, 0], "
+                         "\"token_idx\": 1}", "\\u0000 is not allowed");
     expect_rejected_line("{\"dataset\": \"d\", \"problem_id\": 0, \"layer\": 0, \"experts\": [9, 0], "
                          "\"gating_probs\": [0.5, 0.5], \"token_idx\": 1, ", "column");
     expect_rejected_line("{\"dataset\": \"0123456789012345678901234567890123456789012345678901234567890123456789\", "
@@ -678,6 +706,37 @@ static void test_convert_rejects(void) {
     CHECK(guanaco_trace_convert_jsonl(input, output, NULL, NULL) == -ENOENT);
     end_capture();
     CHECK(access(output, F_OK) != 0);
+}
+
+/* The largest values each integer field takes, integer gating_probs, and a negative problem_id, all accepted. */
+static void test_convert_number_limits(void) {
+    char input[256], output[256];
+    path_in_directory(input, sizeof(input), "limits.jsonl");
+    path_in_directory(output, sizeof(output), "limits.trace");
+    write_text(input, "{\"dataset\": \"d\", \"problem_id\": -3, \"layer\": 4294967294, \"experts\": [65535, 0], "
+                      "\"gating_probs\": [1, 0], \"token_idx\": 4294967295}\n");
+    struct guanaco_trace_convert_report report;
+    begin_capture();
+    int err = guanaco_trace_convert_jsonl(input, output, NULL, &report);
+    end_capture();
+    CHECK(err == 0);
+    if (err != 0) {
+        fprintf(stderr, "%s", captured);
+        unlink(input);
+        return;
+    }
+    CHECK(report.n_records == 1 && report.n_sequences == 1 && strcmp(report.sequences[0].problem_id, "-3") == 0);
+    CHECK(report.shape.n_layer == 4294967295u && report.shape.n_expert == 65536);
+    guanaco_trace_convert_report_free(&report);
+    struct guanaco_trace trace;
+    CHECK(guanaco_trace_load(output, &trace) == 0 && trace.n_records == 1);
+    if (trace.n_records == 1) {
+        CHECK(trace.token[0] == 4294967295u && trace.layer[0] == 4294967294u);
+        CHECK(trace.ids[0] == 65535 && trace.ids[1] == 0 && trace.weights[0] == 1.0f && trace.weights[1] == 0.0f);
+    }
+    guanaco_trace_free(&trace);
+    unlink(input);
+    unlink(output);
 }
 
 /* Every prefix and many random byte changes of a valid line: converted or -EINVAL, never a crash. */
@@ -735,6 +794,7 @@ int main(void) {
     test_concurrent_appends();
     test_convert_fixture();
     test_convert_rejects();
+    test_convert_number_limits();
     test_convert_never_crashes();
     rmdir(directory);
     return check_summary();
