@@ -3,7 +3,8 @@
 # "device", the model runs with --rpc --n-gpu-layers 99 --cpu-moe (attention and router on the device, the experts
 # in host memory where Guanaco streams them), and:
 #   - logits with streaming on under a budget equal the same offload configuration without streaming;
-#   - the hook really copied the router's ids out of device memory (its one "router ids ... live in RPC" line);
+#   - the hook really copied the router's ids out of device memory (its one "router ids ... live in RPC" line),
+#     and a replayed trace written back into device memory routes as the same replay all-local;
 #   - offload leaves no more of the model file in the page cache (fincore) than all-local streaming, and the test
 #     reports whether the weights uploaded to the device were dropped from it after upload (today they are not).
 # Skips (77) when ggml-rpc-server was not built (GGML_RPC off).
@@ -94,6 +95,24 @@ cmp -s "$W/local.on.bin" "$W/rpc.on.bin"
 check "offload's logits == all-local streaming's" $? "$(cmp "$W/local.on.bin" "$W/rpc.on.bin" 2>&1)"
 ! grep -q 'router ids of .* live in' "$W/local.on.log"
 check "all-local: no ids copied off a device" $? "$(grep 'router ids' "$W/local.on.log")"
+
+# Replay writes ids back into device memory (overwrite_router_ids through the device copy): model B replaying
+# the recording of model A (same shape, other weights) computes the same logits offloaded as all-local, and
+# they differ from B's own, so the written ids reached the device's MUL_MAT_ID inputs.
+b="$W/b.gguf"
+"$MKMODEL" --arch qwen3moe --quant Q8_0 --n-layer 4 --n-embd 512 --n-ff-exp 256 --n-expert 16 --seed 6 -o "$b" \
+    >>"$W/mkmodel.log" 2>&1
+GUANACO_STREAMING=1 GUANACO_TRACE_OUT="$W/a.trace" "$LOGITS_DUMP" "$m" "$W/a.bin" >"$W/a.log" 2>&1 &&
+    GUANACO_STREAMING=1 "$LOGITS_DUMP" "$b" "$W/b.bin" >"$W/b.log" 2>&1 &&
+    GUANACO_STREAMING=1 GUANACO_TRACE_REPLAY="$W/a.trace" "$LOGITS_DUMP" "$b" "$W/b-replay.local.bin" \
+        >"$W/b-replay.local.log" 2>&1 &&
+    GUANACO_STREAMING=1 GUANACO_TRACE_REPLAY="$W/a.trace" GUANACO_RAM=4M "$LOGITS_DUMP" "$b" "$W/b-replay.rpc.bin" \
+        "${OFFLOAD[@]}" >"$W/b-replay.rpc.log" 2>&1
+check "replay runs (record A, replay onto B local and offloaded)" $? \
+    "$(tail -2 "$W/a.log" "$W/b.log" "$W/b-replay.local.log" "$W/b-replay.rpc.log" 2>&1 | grep -v '^$')"
+cmp -s "$W/b-replay.local.bin" "$W/b-replay.rpc.bin" && ! cmp -s "$W/b.bin" "$W/b-replay.rpc.bin"
+check "offloaded replay: ids written into device memory route as all-local replay does" $? \
+    "$(cmp "$W/b-replay.local.bin" "$W/b-replay.rpc.bin" 2>&1; cmp "$W/b.bin" "$W/b-replay.rpc.bin" 2>&1 || true)"
 
 # Page cache left of the model file after each cold run (fincore). Offloaded, llama.cpp reads the device's weights
 # (attention, router, output) once through the mapping to upload them, then munmaps those ranges; munmap does not
