@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Own value parsers: strto* alone take " 5" and wrap "-1"; no Debian library checks a range and names the flag. */
 static inline int guanaco_cli_parse_whole(const char *program, const char *flag, const char *text,
                                           unsigned long max, unsigned long *out) {
     char *end = NULL;

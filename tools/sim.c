@@ -400,6 +400,7 @@ static void print_table_row(const struct sim_row *row) {
     printf("\n");
 }
 
+/* Own CSV, not Debian libcsv: every field is a fixed policy name or a number, so nothing ever needs quoting. */
 static void print_csv_header(FILE *csv, bool with_speed) {
     fprintf(csv, "policy,budget_percent,budget_bytes,budget_gib,hit_percent,hits,accesses,misses,"
                  "mb_read_per_token,evictions,gap_points,gap_closed_percent%s\n",
