@@ -133,14 +133,20 @@ echo "soak: out dir $OUT" >&2
 
 # Run a snapshot of the binaries: others rebuild build/cmake while a soak runs, and a library replaced under a
 # running server (or a half-linked one at the reference's start) would end the run for reasons of its own. The
-# copy is taken under the shared build lock, so no link is in progress.
+# copy is taken under the shared build lock when it comes within a minute; otherwise (a long queue of builds
+# and tests) it is taken when no file changed during the copy, and the copy must run.
 mkdir -p "$OUT/bin" || die "cannot create $OUT/bin"
 copy_bins() { cp -L "$BIN/llama-server" "$BIN/evict_file" "$BIN"/lib*.so* "$OUT/bin/"; }
-if [ -e /tmp/guanaco-build.lock ]; then
-    (flock 9 && copy_bins) 9</tmp/guanaco-build.lock || die "cannot copy the binaries from $BIN"
-else
-    copy_bins || die "cannot copy the binaries from $BIN"
+stamp() { stat -L -c '%n %Y %s' "$BIN/llama-server" "$BIN"/lib*.so* | md5sum; }
+if ! (flock -w 60 9 && copy_bins) 9</tmp/guanaco-build.lock 2>/dev/null; then
+    copied=0
+    for _ in 1 2 3 4 5; do
+        before=$(stamp); copy_bins && sleep 2 && [ "$(stamp)" = "$before" ] && { copied=1; break; }
+        sleep 10
+    done
+    [ $copied = 1 ] || die "cannot take a stable copy of the binaries from $BIN"
 fi
+LD_LIBRARY_PATH=$OUT/bin "$OUT/bin/llama-server" --version >/dev/null 2>&1 || die "the copied llama-server does not run"
 export LD_LIBRARY_PATH=$OUT/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}   # ahead of the binaries' RUNPATH
 BUILT_FROM="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) + $(git -C "$ROOT" status --short -- src include patches tools 2>/dev/null | wc -l) uncommitted files in src, include, patches, tools"
 BIN_RUN=$OUT/bin
