@@ -55,6 +55,7 @@ struct guanaco_options {
     bool log;                         /* GUANACO_LOG / --guanaco-log */
     char trace_out[GUANACO_PATH_BYTES];    /* --guanaco-trace-out: "" when not recording */
     char trace_replay[GUANACO_PATH_BYTES]; /* --guanaco-trace-replay: "" when not replaying */
+    char imatrix[GUANACO_PATH_BYTES];      /* --guanaco-imatrix: the routing prior's file, "" when none */
     bool residency;        /* a budget was given: --guanaco-ram and/or --guanaco-max-experts */
     uint64_t ram_bytes;    /* --guanaco-ram; 0 = auto (or not given) */
     uint32_t max_experts;  /* --guanaco-max-experts; 0 = no cap */

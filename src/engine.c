@@ -8,6 +8,7 @@
 #include "engine.h"
 #include "budget.h"
 #include "mapping_guard.h"
+#include "imatrix.h"
 #include "log.h"
 #include "simulate.h"
 
@@ -341,7 +342,7 @@ void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes)
                      gib(budget));
 }
 
-static int preload(struct guanaco_engine *engine, uint64_t budget);
+static int preload(struct guanaco_engine *engine, uint64_t budget, const struct guanaco_imatrix_prior *prior);
 
 static int start_predictor(struct guanaco_engine *engine) {
     const struct guanaco_manifest *m = &engine->manifest;
@@ -541,7 +542,16 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     if (o->prefetch != GUANACO_PREDICTOR_NONE && !config.prefetch_bytes) {
         guanaco_log_info("read-ahead needs --guanaco-load page-cache: running without it");
     }
-    if (o->preload && (err = preload(engine, budget)) < 0) {
+    struct guanaco_imatrix_prior prior = {0};
+    if (o->imatrix[0] && (err = guanaco_imatrix_load(o->imatrix, m, &prior)) < 0) {
+        return err;
+    }
+    if (o->imatrix[0] && !o->preload) {
+        guanaco_log_info("--guanaco-imatrix %s: with --guanaco-preload off the prior chooses nothing", o->imatrix);
+    }
+    err = o->preload ? preload(engine, budget, o->imatrix[0] ? &prior : NULL) : 0;
+    guanaco_imatrix_free(&prior);
+    if (err < 0) {
         return err;
     }
     struct guanaco_residency_stats started;
@@ -566,18 +576,26 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
  * the same start, Guanaco would pay for every first touch during decode.
  * Each MoE layer gets its share of the budget (in proportion to its expert
  * bytes, as layer-lru divides it): the experts a warm start adopted, then
- * its lowest-numbered others, as nothing is known yet about which are hot.
- * The reads go through the normal path, one layer per batch, so they are
- * large and contiguous.
+ * others by guanaco_prior_preload_choice: with --guanaco-imatrix the layer's
+ * most-routed, else the lowest-numbered, as nothing is known about which are
+ * hot. The most-routed is handed to the policy last, so recency agrees with
+ * the prior. The reads go through the normal path, one layer per batch.
  */
-static int preload(struct guanaco_engine *engine, uint64_t budget) {
+static int preload(struct guanaco_engine *engine, uint64_t budget, const struct guanaco_imatrix_prior *prior) {
     const struct guanaco_manifest *m = &engine->manifest;
     /* the same count for every MoE layer: its share of the budget in whole experts */
     uint32_t n = guanaco_preload_count(budget, m->expert_bytes, (uint32_t)m->n_expert, engine->options.max_experts);
     int32_t *ids = calloc(n ? n : 1, sizeof(*ids));
-    if (!ids) {
+    uint32_t *chosen = calloc(n ? n : 1, sizeof(*chosen));
+    uint8_t *adopted = calloc((size_t)m->n_expert, 1);
+    if (!ids || !chosen || !adopted) {
+        free(ids);
+        free(chosen);
+        free(adopted);
         return -ENOMEM;
     }
+    char choices[900] = ""; /* the prior's picks, for the line below */
+    size_t used = 0;
     uint64_t start = now_ns();
     int err = 0;
     for (int layer = 0; layer < m->n_layer && err == 0 && n; layer++) {
@@ -585,14 +603,23 @@ static int preload(struct guanaco_engine *engine, uint64_t budget) {
             continue;
         }
         uint32_t count = 0;
-        for (int e = 0; e < m->n_expert && count < n; e++) {
-            if (guanaco_residency_is_resident(engine->residency, (uint32_t)layer, (uint32_t)e)) {
+        for (int e = 0; e < m->n_expert; e++) {
+            adopted[e] = guanaco_residency_is_resident(engine->residency, (uint32_t)layer, (uint32_t)e);
+            if (adopted[e] && count < n) {
                 ids[count++] = e;
             }
         }
-        for (int e = 0; e < m->n_expert && count < n; e++) {
-            if (!guanaco_residency_is_resident(engine->residency, (uint32_t)layer, (uint32_t)e)) {
-                ids[count++] = e;
+        const float *weights = guanaco_imatrix_layer(prior, (uint32_t)layer);
+        uint32_t n_chosen = guanaco_prior_preload_choice(weights, (uint32_t)m->n_expert, adopted, n - count, chosen);
+        for (uint32_t i = 0; i < n_chosen; i++) {
+            ids[count++] = (int32_t)chosen[i];
+        }
+        if (weights && used < sizeof(choices)) {
+            int w = snprintf(choices + used, sizeof(choices) - used, " %d:", layer);
+            used += w > 0 ? (size_t)w : 0;
+            for (uint32_t i = n_chosen; i-- > 0 && used < sizeof(choices);) { /* the most-routed first */
+                w = snprintf(choices + used, sizeof(choices) - used, "%s%u", i + 1 == n_chosen ? "" : ",", chosen[i]);
+                used += w > 0 ? (size_t)w : 0;
             }
         }
         err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, count, 0);
@@ -605,7 +632,15 @@ static int preload(struct guanaco_engine *engine, uint64_t budget) {
                          (unsigned long long)engine->after_preload.expert_loads, gib(engine->after_preload.bytes_read),
                          seconds, seconds > 0 ? (double)engine->after_preload.bytes_read / seconds / 1e9 : 0.0);
     }
+    if (err == 0 && prior && prior->n_layers_with_prior) {
+        /* one line that says which experts the prior chose (a test reads it): layer:ids, most-routed first */
+        guanaco_log_info("preload by the imatrix prior %s: up to %u experts per MoE layer, the most-routed (after "
+                         "any a warm start kept), not the lowest-numbered:%s%s", engine->options.imatrix, n, choices,
+                         used >= sizeof(choices) ? " ..." : "");
+    }
     free(ids);
+    free(chosen);
+    free(adopted);
     return err;
 }
 
@@ -731,6 +766,9 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
         if (err == 0) {
             guanaco_metrics_register(engine);
         }
+    } else if (err == 0 && engine->options.imatrix[0]) {
+        guanaco_log_info("--guanaco-imatrix %s: unused without a budget (--guanaco-ram or --guanaco-max-experts)",
+                         engine->options.imatrix);
     }
     free(mapping_base);
     if (err == 0 && !engine->dry_run) {

@@ -48,7 +48,7 @@ static const char *const prefetch_choices[] = {"none", "pilot", "gate", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_PREFETCH, OPTION_PILOT_MASS, OPTION_COUNT
+    OPTION_PREFETCH, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -88,6 +88,9 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_PILOT_MASS] = {"guanaco-pilot-mass", "GUANACO_PILOT_MASS", OPTION_FRACTION, NULL,
                            "pilot reads the smallest set of experts whose predicted probability reaches this "
                            "share (default: measured, see README)"},
+    [OPTION_IMATRIX] = {"guanaco-imatrix", "GUANACO_IMATRIX", OPTION_PATH, NULL,
+                        "an llama-imatrix GGUF of this model: its per-expert routing counts choose the experts "
+                        "the preload reads (the most-routed of each layer, not the lowest-numbered)"},
 };
 
 struct option_state {
@@ -301,6 +304,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     }
     snprintf(out->trace_out, sizeof(out->trace_out), "%s", path[OPTION_TRACE_OUT]);
     snprintf(out->trace_replay, sizeof(out->trace_replay), "%s", path[OPTION_TRACE_REPLAY]);
+    snprintf(out->imatrix, sizeof(out->imatrix), "%s", path[OPTION_IMATRIX]);
     pthread_mutex_unlock(&flag_mutex);
     out->streaming = value[OPTION_STREAMING] != 0;
     out->readahead = (enum guanaco_readahead)value[OPTION_READAHEAD];
