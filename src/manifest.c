@@ -312,7 +312,9 @@ int guanaco_manifest_load(const char *path, const char *const *split_paths, size
         guanaco_manifest_free(out);
         return err;
     }
-    qsort(out->tensors, out->n_tensors, sizeof(*out->tensors), compare_tensors);
+    if (out->n_tensors > 1) { /* qsort of NULL, 0 is undefined (UBSan says so) */
+        qsort(out->tensors, out->n_tensors, sizeof(*out->tensors), compare_tensors);
+    }
     int last_layer = -1;
     for (size_t i = 0; i < out->n_tensors; i++) {
         if (out->tensors[i].layer != last_layer) {
