@@ -46,7 +46,7 @@ make_model() {
 }
 
 # --- determinism ---------------------------------------------------------
-for arch in qwen3moe mixtral deepseek2 gpt-oss; do
+for arch in qwen3moe mixtral deepseek2 gpt-oss lfm2moe nemotron_h_moe afmoe; do
     quant=Q4_0
     [ "$arch" = gpt-oss ] && quant=MXFP4
     if make_model "$arch" "$quant" 7 a.gguf && make_model "$arch" "$quant" 7 b.gguf --threads 1; then
@@ -111,6 +111,9 @@ expect_error "trailing junk number"  --arch qwen3moe --n-expert 8x "${V[@]}" -o 
 expect_error "negative seed"         --arch qwen3moe --seed -1 "${V[@]}" -o bad.gguf
 expect_error "split-count 0"         --arch qwen3moe --split-count 0 "${V[@]}" -o bad.gguf
 expect_error "fused on non-fused arch" --arch qwen3moe --fused-gate-up "${V[@]}" -o bad.gguf
+expect_error "fused on nemotron_h_moe" --arch nemotron_h_moe --fused-gate-up "${V[@]}" -o bad.gguf
+expect_error "lfm2moe without attention" --arch lfm2moe --n-layer 1 "${V[@]}" -o bad.gguf
+expect_error "nemotron_h_moe without every block kind" --arch nemotron_h_moe --n-layer 2 "${V[@]}" -o bad.gguf
 expect_error "missing vocab file"    --arch qwen3moe --vocab "$WORK/none.gguf" -o bad.gguf
 expect_error "vocab not a gguf"      --arch qwen3moe --vocab /etc/hostname -o bad.gguf
 expect_error "unwritable output"     --arch qwen3moe "${V[@]}" -o "$WORK/no/such/dir/m.gguf"

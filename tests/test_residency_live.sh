@@ -16,7 +16,9 @@ rm -rf "$W" && mkdir -p "$W"
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Logits: on with a budget == off --no-repack (the reference for streamed experts).
-for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K"; do
+# lfm2moe and nemotron_h_moe are hybrids (short-convolution or mamba2 blocks between attention and MoE);
+# their quant types keep the expert bytes above the budgets below.
+for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm2moe Q8_0" "nemotron_h_moe F16" "afmoe Q8_0"; do
     set -- $spec
     arch=$1 quant=$2 m="$W/$1-$2.gguf"
     "$MKMODEL" --arch "$arch" --quant "$quant" --seed 11 -o "$m" >/dev/null 2>&1
