@@ -48,7 +48,7 @@ static const char *const prefetch_choices[] = {"none", "pilot", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_PREFETCH, OPTION_PILOT_MASS, OPTION_COUNT
+    OPTION_PREFETCH, OPTION_PILOT_MASS, OPTION_REFERENCE, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -87,6 +87,9 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_PILOT_MASS] = {"guanaco-pilot-mass", "GUANACO_PILOT_MASS", OPTION_FRACTION, NULL,
                            "pilot reads the smallest set of experts whose predicted probability reaches this "
                            "share (default: measured, see README)"},
+    [OPTION_REFERENCE] = {"guanaco-reference", "GUANACO_REFERENCE", OPTION_BOOL, NULL,
+                          "without streaming: keep expert tensors in the file's layout (not repacked), every other "
+                          "weight as llama.cpp chooses; the configuration streaming's logits equal bit for bit"},
 };
 
 struct option_state {
@@ -300,6 +303,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->preload = value[OPTION_PRELOAD] != 0;
     out->prefetch = value[OPTION_PREFETCH];
     out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;
+    out->reference = value[OPTION_REFERENCE] != 0;
     out->status_every = value[OPTION_STATUS_EVERY] ? (uint32_t)number[OPTION_STATUS_EVERY] : GUANACO_DEFAULT_STATUS_EVERY;
     guanaco_log_set_enabled(out->log);
     return err;
