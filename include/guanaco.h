@@ -9,7 +9,9 @@
  *                         flags out of argv before llama.cpp's parser sees them;
  *   2. model load:        guanaco_engine_open() reads the GGUF's expert layout,
  *                         the loader asks guanaco_engine_is_expert_tensor() to
- *                         mark those tensors lazy, and guanaco_engine_attach()
+ *                         mark those tensors lazy and
+ *                         guanaco_weight_keeps_file_layout() which tensors it
+ *                         must not repack, and guanaco_engine_attach()
  *                         sees where they were mapped;
  *   3. context creation:  guanaco_hook_install() chains an eval callback that
  *                         watches the router's choice (ffn_moe_topk) per layer;
@@ -67,6 +69,7 @@ struct guanaco_options {
     bool preload;          /* --guanaco-preload: fill the budget at load */
     int prefetch;          /* --guanaco-prefetch: an enum guanaco_predictor_kind; none = no read-ahead */
     double pilot_mass;     /* --guanaco-pilot-mass; 0 = the predictor's default */
+    bool reference;        /* --guanaco-reference: plain llama.cpp computing as streaming does */
 };
 
 /*
@@ -103,6 +106,15 @@ int guanaco_engine_open(const char *path, const char *const *split_paths, size_t
 
 /* True when `tensor_name` is an expert tensor (blk.N.ffn_*_exps.*) of this model. */
 bool guanaco_engine_is_expert_tensor(const struct guanaco_engine *engine, const char *tensor_name);
+
+/*
+ * True when the loader must give `tensor_name` llama.cpp's plain CPU buffer
+ * type, i.e. keep the file's layout, instead of llama.cpp's choice (on x86 a
+ * CPU_REPACK buffer for Q4_0, Q4_K, IQ4_NL, MXFP4): the streamed experts, and
+ * with --guanaco-reference every expert tensor. Any other weight keeps
+ * llama.cpp's choice, so it is repacked as in plain llama.cpp.
+ */
+bool guanaco_weight_keeps_file_layout(const struct guanaco_engine *engine, const char *tensor_name);
 
 /*
  * After the loader has created and mapped the tensors: look each expert tensor

@@ -717,7 +717,7 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
         return 0; /* the memory-fit pass maps nothing */
     }
     if (!engine->options.streaming) {
-        guanaco_log_info("streaming off: experts load as in plain llama.cpp (with repacking off); the router is "
+        guanaco_log_info("streaming off: experts load as in plain llama.cpp; the router is "
                          "only %s", engine->replay.n_records ? "replayed" : "recorded");
         return 0;
     }
@@ -773,7 +773,8 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
     free(mapping_base);
     if (err == 0 && !engine->dry_run) {
         guanaco_log_info("streaming %zu expert tensors (%.2f GiB of %.2f GiB): not read at load, readahead=%s; "
-                         "non-expert weights prefetched; CPU repacking off, so results equal --no-repack",
+                         "non-expert weights prefetched and placed as llama.cpp chooses (repacked where it repacks), so "
+                         "results equal --guanaco-reference",
                          attached, gib(attached_bytes), gib(m->total_bytes), readahead_name(engine->options.readahead));
     }
     return err;

@@ -48,7 +48,7 @@ static const char *const prefetch_choices[] = {"none", "pilot", "gate", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_PREFETCH, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_COUNT
+    OPTION_PREFETCH, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -91,6 +91,9 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_IMATRIX] = {"guanaco-imatrix", "GUANACO_IMATRIX", OPTION_PATH, NULL,
                         "an llama-imatrix GGUF of this model: its per-expert routing counts choose the experts "
                         "the preload reads (the most-routed of each layer, not the lowest-numbered)"},
+    [OPTION_REFERENCE] = {"guanaco-reference", "GUANACO_REFERENCE", OPTION_BOOL, NULL,
+                          "without streaming: keep expert tensors in the file's layout (not repacked), every other "
+                          "weight as llama.cpp chooses; the configuration streaming's logits equal bit for bit"},
 };
 
 struct option_state {
@@ -319,6 +322,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->preload = value[OPTION_PRELOAD] != 0;
     out->prefetch = value[OPTION_PREFETCH];
     out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;
+    out->reference = value[OPTION_REFERENCE] != 0;
     out->status_every = value[OPTION_STATUS_EVERY] ? (uint32_t)number[OPTION_STATUS_EVERY] : GUANACO_DEFAULT_STATUS_EVERY;
     guanaco_log_set_enabled(out->log);
     return err;

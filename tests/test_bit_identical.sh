@@ -3,7 +3,7 @@
 #
 # Owns: for every arch x quant, generating a tiny synthetic MoE model, dumping all logits with
 # GUANACO_STREAMING unset and =1 (tests/logits_dump), and requiring the dumps to be byte-for-byte
-# identical (cmp, no tolerance). Optionally (CGROUP=1) the same under a memory limit well below
+# identical (cmp, no tolerance) to plain llama.cpp's reference configuration (--guanaco-reference). Optionally (CGROUP=1) the same under a memory limit well below
 # the model size with a cold page cache, where expert pages must be evicted and re-read.
 #
 # Environment:
@@ -15,24 +15,27 @@
 #   QUANTS         space list (default: "F16 Q8_0 Q4_0 Q4_K MXFP4")
 #   LOGITS_DUMP_ARGS extra logits_dump flags for every run (default none: 2 threads, 48+8 tokens)
 #   ASSERT         comparisons that must be identical; the others are printed as INFO.
-#                  Names: on:off-nr  on-nr:off-nr  on:off   (default "on:off-nr on-nr:off-nr")
+#                  Names: on:off-ref  on-nr:off-nr  on:off  on:off-nr  (default "on:off-ref on-nr:off-nr")
 #   DUMP_TIMEOUT   seconds per logits_dump run (default 600); a hang is a FAIL
 #   CGROUP=1       also run the memory-limited check; needs EVICT_TOOL (tests/evict_file)
 #   CGROUP_MODEL_ARGS mkmodel flags for that model (default below, ~400 MB Q8_0 qwen3moe)
 #   CGROUP_RUN     path of cgroup_run.sh (default: next to this script)
 #   KEEP=1         keep models and dumps of passing cases (failing ones are always kept)
 #
-# Why four runs per model: on x86 the CPU backend "repacks" Q4_0/Q4_K/MXFP4 (and IQ4_NL) weights
+# Why five runs per model: on x86 the CPU backend "repacks" Q4_0/Q4_K/MXFP4 (and IQ4_NL) weights
 # into an interleaved layout with different kernels, hence a different float summation order.
-# If streaming keeps experts in the file's layout, "on" can legitimately differ from plain "off"
-# while matching "off --no-repack". So:
+# Streamed experts keep the file's layout (they are read from the mapping); every other weight
+# takes llama.cpp's normal choice, repacked where it repacks. So "on" can legitimately differ from
+# plain "off" (everything repacked), and equals plain llama.cpp with the experts alone kept in the
+# file's layout, which is what --guanaco-reference (GUANACO_REFERENCE=1) loads:
 #   off     GUANACO_STREAMING unset             off-nr  unset, --no-repack
+#   off-ref unset, GUANACO_REFERENCE=1
 #   on      GUANACO_STREAMING=1                 on-nr   =1,    --no-repack
-#   on-nr == off-nr  : pure streaming effect, identical kernels on both sides; must hold always
-#   on    == off-nr  : streaming as shipped vs the layout it is supposed to reproduce
+#   on    == off-ref : the stated invariant: the same kernels on both sides, repacking included
+#   on-nr == off-nr  : pure streaming effect with nothing repacked; must hold always
 #   on    == off     : asserted for types x86 never repacks (NEVER_REPACKED, default "F16 Q8_0");
-#                      informational otherwise. With streaming on, Guanaco turns repacking off
-#                      for the whole model, so "on" must equal "off --no-repack" bit for bit.
+#                      informational otherwise (the expert matmuls run other kernels)
+#   on    == off-nr  : informational (differs wherever a non-expert weight is repacked)
 #
 # Output: a matrix, one line per case "PASS|FAIL|SKIP arch quant (reason)", then the last line
 # "N passed, N failed, N skipped". Exit 1 if anything failed, 77 if everything was skipped.
@@ -54,7 +57,7 @@ if [ -z "${ARCHS:-}" ]; then
 fi
 [ "$ARCHS" = none ] && ARCHS=""  # CGROUP-only runs
 QUANTS=${QUANTS:-"F16 Q8_0 Q4_0 Q4_K MXFP4"}
-ASSERT=${ASSERT:-"on:off-nr on-nr:off-nr"}
+ASSERT=${ASSERT:-"on:off-ref on-nr:off-nr"}
 DUMP_TIMEOUT=${DUMP_TIMEOUT:-600}
 # shellcheck disable=SC2206 # word-splitting of the flag list is intended
 LD_ARGS=(${LOGITS_DUMP_ARGS:-})
@@ -100,12 +103,14 @@ PY
     cmp "$1" "$2" 2>&1 | head -1
 }
 
-# run_dump LABEL MODEL OUT STREAMING(0|1) [extra logits_dump args]; log in OUT.log
+# run_dump LABEL MODEL OUT STREAMING(0|1|ref) [extra logits_dump args]; log in OUT.log
+# ref: streaming off, --guanaco-reference (experts in the file's layout, the rest as llama.cpp chooses)
 run_dump() {
     local label=$1 model=$2 out=$3 streaming=$4
     shift 4
-    local -a envs=(env -u GUANACO_STREAMING)
-    [ "$streaming" = 1 ] && envs=(env GUANACO_STREAMING=1)
+    local -a envs=(env -u GUANACO_STREAMING -u GUANACO_REFERENCE)
+    [ "$streaming" = 1 ] && envs=(env -u GUANACO_REFERENCE GUANACO_STREAMING=1)
+    [ "$streaming" = ref ] && envs=(env -u GUANACO_STREAMING GUANACO_REFERENCE=1)
     "${envs[@]}" timeout "$DUMP_TIMEOUT" "$LOGITS_DUMP" "$model" "$out" "${LD_ARGS[@]}" "$@" \
         > "$out.log" 2>&1
     local rc=$?
@@ -121,13 +126,13 @@ run_dump() {
 # compare_set PREFIX -> sets CMP_ASSERT_FAIL (text of failed assertions), CMP_NOTES
 compare_set() {
     local p=$1 pair a b notes="" fails=""
-    for pair in on:off-nr on-nr:off-nr on:off; do
+    for pair in on:off-ref on-nr:off-nr on:off on:off-nr; do
         a=${pair%%:*}; b=${pair#*:}
         # the cgroup check has no on-nr run; skip pairs that were not produced
         if [ ! -e "$p.$a.bin" ] || [ ! -e "$p.$b.bin" ]; then continue; fi
         local asserted=0
         case " $ASSERT " in *" $pair "*) asserted=1 ;; esac
-        # A dense model is passed through untouched (repacking stays on): on must equal plain off.
+        # A dense model is passed through untouched: on must equal plain off.
         if [ -n "${CUR_DENSE:-}" ]; then
             asserted=0
             case "$pair" in on:off|on-nr:off-nr) asserted=1 ;; esac
@@ -176,6 +181,7 @@ for arch in $ARCHS; do
         LAST_ERR=""
         ok=1
         run_dump off    "$model" "$p.off.bin"    0              || ok=0
+        [ $ok = 1 ] && { run_dump off-ref "$model" "$p.off-ref.bin" ref         || ok=0; }
         [ $ok = 1 ] && { run_dump off-nr "$model" "$p.off-nr.bin" 0 --no-repack || ok=0; }
         [ $ok = 1 ] && { run_dump on     "$model" "$p.on.bin"     1              || ok=0; }
         [ $ok = 1 ] && { run_dump on-nr  "$model" "$p.on-nr.bin"  1 --no-repack || ok=0; }
@@ -234,6 +240,7 @@ if [ "${CGROUP:-0}" = 1 ]; then
         # limit evicted during the prompt are needed again.
         CG_DUMP_ARGS=(--gen-tokens 24)
         run_dump off    "$model" "$p.off.bin"    0 "${CG_DUMP_ARGS[@]}"             || ok=0
+        [ $ok = 1 ] && { run_dump off-ref "$model" "$p.off-ref.bin" ref "${CG_DUMP_ARGS[@]}" || ok=0; }
         [ $ok = 1 ] && { run_dump off-nr "$model" "$p.off-nr.bin" 0 "${CG_DUMP_ARGS[@]}" --no-repack || ok=0; }
         if [ $ok = 0 ]; then
             record FAIL "$arch" "$quant" "$LAST_ERR"
@@ -246,6 +253,7 @@ if [ "${CGROUP:-0}" = 1 ]; then
             # Two budgets: 60% of the file, and 35% where most experts cannot stay resident.
             for pct in ${CG_LIMIT_PERCENTS:-60 35}; do
             ln -sf "$p.off.bin" "$p-$pct.off.bin"; ln -sf "$p.off-nr.bin" "$p-$pct.off-nr.bin"
+            ln -sf "$p.off-ref.bin" "$p-$pct.off-ref.bin"
             pp="$p-$pct"
                 limit=$((size * pct / 100))
                 need=$((anon_kb * 1024 * 3 / 2 + 64 * 1024 * 1024))

@@ -2,8 +2,8 @@
 # test_residency_live.sh - owns the end-to-end checks of the residency engine
 # (--guanaco-ram / --guanaco-max-experts) through a real decode:
 #   - logits under a budget far below the expert bytes are bit-identical to
-#     streaming off --no-repack, for several architectures (fused gate_up
-#     included), both io backends and every policy;
+#     streaming off --guanaco-reference, for several architectures (fused
+#     gate_up included), both io backends and every policy;
 #   - the budget is real without any cgroup, for page-cache and direct
 #     loading (details at that check);
 #   - absurd budgets are refused by name.
@@ -15,7 +15,8 @@ W="$WORKDIR/residency-live"
 rm -rf "$W" && mkdir -p "$W"
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# Logits: on with a budget == off --no-repack (the reference for streamed experts).
+# Logits: on with a budget == off --guanaco-reference (experts in the file's layout, the rest repacked as
+# llama.cpp chooses: the same kernels as streaming).
 # lfm2moe and nemotron_h_moe are hybrids (short-convolution or mamba2 blocks between attention and MoE);
 # their quant types keep the expert bytes above the budgets below.
 for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm2moe Q8_0" "nemotron_h_moe F16" "afmoe Q8_0"; do
@@ -23,7 +24,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
     arch=$1 quant=$2 m="$W/$1-$2.gguf"
     "$MKMODEL" --arch "$arch" --quant "$quant" --seed 11 -o "$m" >/dev/null 2>&1
     check "$arch $quant written" $? "mkmodel failed"
-    env -u GUANACO_STREAMING "$LOGITS_DUMP" "$m" "$W/$arch.off.bin" --no-repack >"$W/$arch.off.log" 2>&1
+    env -u GUANACO_STREAMING GUANACO_REFERENCE=1 "$LOGITS_DUMP" "$m" "$W/$arch.off.bin" >"$W/$arch.off.log" 2>&1
     check "$arch $quant off" $? "$(tail -2 "$W/$arch.off.log")"
     # The last field is the read-ahead: every predictor (gate too), and the whole next layer for the 48-token prompt
     # (--ubatch 16 makes three prompt ubatches, so the pilot also guesses for multi-token batches).
@@ -37,7 +38,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
             GUANACO_PREFETCH=$5 "$LOGITS_DUMP" "$m" "$W/$arch.$name.bin" ${6:+$6 $7} >"$W/$arch.$name.log" 2>&1
         rc=$?
         grep -q "residency: budget" "$W/$arch.$name.log" && [ $rc -eq 0 ] && cmp -s "$W/$arch.off.bin" "$W/$arch.$name.bin"
-        check "$arch $quant: budget $3, policy $1, io $2, load $4, prefetch $5 ${6:-} ${7:-}== off --no-repack" $? \
+        check "$arch $quant: budget $3, policy $1, io $2, load $4, prefetch $5 ${6:-} ${7:-}== off --guanaco-reference" $? \
             "rc=$rc $(grep -E 'guanaco: (error|residency)' "$W/$arch.$name.log" | head -3)"
         # page-cache loading with a predictor must really read ahead and use some of it
         if [ "$4" = page-cache ] && [ "$5" != none ]; then

@@ -436,6 +436,43 @@ static void test_engine_and_hook(const char *dir) {
     unlink(path);
 }
 
+/* Which weights keep the file's layout: streamed experts, and with --guanaco-reference every expert. */
+static void test_file_layout(const char *dir) {
+    char path[512];
+    snprintf(path, sizeof(path), "%s/unit-layout.gguf", dir);
+    CHECK(write_test_gguf(path, true) > 0);
+    char a0[] = "tool", on[] = "--guanaco-streaming", off[] = "--guanaco-streaming=off";
+    char reference_off[] = "--guanaco-reference=off";
+    char *argv_on[] = {a0, on, NULL};
+    int argc = 2;
+    unsetenv("GUANACO_REFERENCE");
+    guanaco_options_parse_argv(&argc, argv_on);
+    struct guanaco_engine *engine = NULL;
+    CHECK(guanaco_engine_open(path, NULL, 0, false, &engine) == 0 && engine != NULL);
+    CHECK(guanaco_weight_keeps_file_layout(engine, "blk.1.ffn_up_exps.weight"));
+    CHECK(!guanaco_weight_keeps_file_layout(engine, "blk.1.attn_q.weight"));
+    CHECK(!guanaco_weight_keeps_file_layout(engine, "blk.1.ffn_up_shexp.weight"));
+    CHECK(!guanaco_weight_keeps_file_layout(engine, "output.weight"));
+    guanaco_engine_close(engine);
+
+    /* plain llama.cpp: its own choice for every weight, unless the reference layout is asked for */
+    char *argv_off[] = {a0, off, NULL};
+    argc = 2;
+    guanaco_options_parse_argv(&argc, argv_off);
+    CHECK(!guanaco_weight_keeps_file_layout(NULL, "blk.1.ffn_up_exps.weight"));
+    setenv("GUANACO_REFERENCE", "1", 1);
+    CHECK(guanaco_weight_keeps_file_layout(NULL, "blk.1.ffn_up_exps.weight"));
+    CHECK(guanaco_weight_keeps_file_layout(NULL, "blk.7.ffn_gate_up_exps.weight"));
+    CHECK(!guanaco_weight_keeps_file_layout(NULL, "blk.1.attn_q.weight"));
+    CHECK(!guanaco_weight_keeps_file_layout(NULL, "token_embd.weight"));
+    char *argv_reference_off[] = {a0, reference_off, NULL};
+    argc = 2;
+    guanaco_options_parse_argv(&argc, argv_reference_off); /* the flag wins over the environment */
+    CHECK(!guanaco_weight_keeps_file_layout(NULL, "blk.1.ffn_up_exps.weight"));
+    unsetenv("GUANACO_REFERENCE");
+    unlink(path);
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "/tmp";
     test_expert_names();
@@ -443,5 +480,6 @@ int main(int argc, char **argv) {
     test_manifest(dir);
     test_manifest_keys(dir);
     test_engine_and_hook(dir);
+    test_file_layout(dir);
     return check_summary();
 }
