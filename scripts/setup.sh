@@ -22,7 +22,8 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 install_packages() {
     local wanted=(gcc g++ make cmake ninja-build pkg-config git openssl ca-certificates
-                  liburing-dev libjansson-dev gnuplot-nox fio util-linux time curl npm)
+                  liburing-dev libjansson-dev gnuplot-nox fio util-linux time curl npm
+                  clang libclang-rt-dev) # clang and libFuzzer: the tests/fuzz harnesses
     local missing=()
     for package in "${wanted[@]}"; do
         if [ "$package" = npm ] && command -v npm >/dev/null; then continue; fi

@@ -87,3 +87,42 @@ set_property(TEST plan APPEND PROPERTY ENVIRONMENT
 # Device offload without a GPU: ggml-rpc-server on loopback as the device (--n-gpu-layers 99 --cpu-moe), experts
 # streaming on the host; logits equal the same offload without streaming, ids read off the device, page cache.
 guanaco_script_test(rpc test_rpc.sh)
+
+# The pure C tests again, built with ASan+UBSan (asan_*) and, for those that start threads, TSan (tsan_*):
+# any report fails the test (GUANACO_SANITIZERS in CMakeLists.txt says what is and is not covered).
+if (GUANACO_SANITIZERS)
+    set(GUANACO_ASAN_ENV "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1"
+        "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+    set(GUANACO_TSAN_ENV "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1")
+    foreach (kind asan tsan)
+        string(TOUPPER ${kind} upper)
+        file(MAKE_DIRECTORY "${GUANACO_TEST_DIR}/${kind}")
+        foreach (test unit trace policy predictor router_gate residency io imatrix_reader)
+            if (NOT TARGET test_${test}-${kind})
+                continue()
+            endif()
+            # Arguments as the plain test has them; a scratch directory of its own keeps fixed file names apart.
+            set(arguments)
+            if (test MATCHES "^(unit|trace|imatrix_reader)$")
+                set(arguments "${GUANACO_TEST_DIR}/${kind}")
+            endif()
+            add_test(NAME ${kind}_${test} COMMAND test_${test}-${kind} ${arguments})
+            set_tests_properties(${kind}_${test} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "${GUANACO_${upper}_ENV}")
+        endforeach()
+    endforeach()
+    # The timing run of policy is a benchmark; under a sanitizer it only has to run.
+    set_property(TEST asan_policy APPEND PROPERTY ENVIRONMENT "GUANACO_PERF_TOKENS=200")
+endif()
+
+# Each libFuzzer harness (tests/fuzz) for 60 s from the committed corpus, after replaying its saved
+# crashes; only when the clang-built harnesses exist (GUANACO_FUZZ in CMakeLists.txt).
+if (TARGET guanaco-fuzz)
+    foreach (entry manifest:8192 trace:4096 trace_jsonl:4096 options:4608)
+        string(REPLACE ":" ";" entry "${entry}")
+        list(GET entry 0 target)
+        list(GET entry 1 max_len)
+        add_test(NAME fuzz_${target} COMMAND bash "${CMAKE_SOURCE_DIR}/tests/fuzz/run.sh"
+                 "${CMAKE_BINARY_DIR}/fuzz/bin/fuzz_${target}" ${target} "${GUANACO_TEST_DIR}/fuzz/${target}" 60 ${max_len})
+        set_tests_properties(fuzz_${target} PROPERTIES TIMEOUT 300)
+    endforeach()
+endif()
