@@ -1,81 +1,27 @@
 /*
  * belady.c - owns the MIN replay behind belady.h. One backward pass records,
  * for every access, the request where the same (layer, expert) is next
- * needed; the forward pass keeps resident slots in an indexed max-heap on
- * that index, updated in place on each hit, so the heap never holds more
- * than the resident slots (a lazy-deletion heap would grow with every hit:
+ * needed; the forward pass keeps resident slots in an indexed heap (heap.h),
+ * farthest next use first, updated in place on each hit, so the heap never
+ * holds more than the resident slots (a lazy-deletion heap would grow with every hit:
  * gigabytes at 38M accesses).
  */
 #include "belady.h"
+#include "heap.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define NEVER UINT32_MAX /* next use of a slot that is not needed again */
-#define ABSENT UINT32_MAX
-
-struct next_use_heap {
-    uint32_t *items;
-    uint32_t *position; /* slot -> index, ABSENT when not resident */
-    const uint32_t *next_use;
-    uint32_t count;
-};
 
 /* Farthest next use first; ties by slot so the replay is deterministic. */
-static int farther(const struct next_use_heap *heap, uint32_t a, uint32_t b) {
-    if (heap->next_use[a] != heap->next_use[b]) {
-        return heap->next_use[a] > heap->next_use[b];
+static bool farther(const void *next_use, uint32_t a, uint32_t b) {
+    const uint32_t *next = next_use;
+    if (next[a] != next[b]) {
+        return next[a] > next[b];
     }
     return a > b;
-}
-
-static void place(struct next_use_heap *heap, uint32_t index, uint32_t slot) {
-    heap->items[index] = slot;
-    heap->position[slot] = index;
-}
-
-static void sift_up(struct next_use_heap *heap, uint32_t index) {
-    uint32_t slot = heap->items[index];
-    while (index > 0 && farther(heap, slot, heap->items[(index - 1) / 2])) {
-        place(heap, index, heap->items[(index - 1) / 2]);
-        index = (index - 1) / 2;
-    }
-    place(heap, index, slot);
-}
-
-static void sift_down(struct next_use_heap *heap, uint32_t index) {
-    uint32_t slot = heap->items[index];
-    for (;;) {
-        uint32_t child = 2 * index + 1;
-        if (child >= heap->count) {
-            break;
-        }
-        if (child + 1 < heap->count && farther(heap, heap->items[child + 1], heap->items[child])) {
-            child++;
-        }
-        if (!farther(heap, heap->items[child], slot)) {
-            break;
-        }
-        place(heap, index, heap->items[child]);
-        index = child;
-    }
-    place(heap, index, slot);
-}
-
-static void push(struct next_use_heap *heap, uint32_t slot) {
-    place(heap, heap->count++, slot);
-    sift_up(heap, heap->count - 1);
-}
-
-static uint32_t pop(struct next_use_heap *heap) {
-    uint32_t top = heap->items[0];
-    heap->position[top] = ABSENT;
-    if (--heap->count > 0) {
-        place(heap, 0, heap->items[heap->count]);
-        sift_down(heap, 0);
-    }
-    return top;
 }
 
 int guanaco_belady(const struct guanaco_request_trace *trace, uint64_t budget_bytes, struct guanaco_replay_stats *stats,
@@ -112,7 +58,7 @@ int guanaco_belady(const struct guanaco_request_trace *trace, uint64_t budget_by
 
     for (size_t s = 0; s < n_slots; s++) {
         slot_next[s] = NEVER;
-        position[s] = ABSENT;
+        position[s] = GUANACO_HEAP_ABSENT;
     }
     for (size_t r = trace->n_requests; r-- > 0;) {
         size_t base = (size_t)trace->request_layer[r] * trace->n_expert;
@@ -123,7 +69,7 @@ int guanaco_belady(const struct guanaco_request_trace *trace, uint64_t budget_by
         }
     }
 
-    struct next_use_heap heap = {.items = items, .position = position, .next_use = slot_next};
+    struct guanaco_heap heap = guanaco_heap_make(items, position, farther, slot_next);
     uint64_t resident_bytes = 0;
     for (size_t r = 0; r < trace->n_requests; r++) {
         uint32_t layer = trace->request_layer[r];
@@ -133,21 +79,21 @@ int guanaco_belady(const struct guanaco_request_trace *trace, uint64_t budget_by
             uint32_t slot = (uint32_t)(base + trace->experts[i]);
             current[slot] = (uint32_t)r + 1;
             slot_next[slot] = next_of_access[i];
-            if (position[slot] != ABSENT) {
+            if (guanaco_heap_contains(&heap, slot)) {
                 stats->hits++;
-                sift_up(&heap, position[slot]); /* its next use only moved later */
+                guanaco_heap_update(&heap, slot); /* its next use only moved later */
             } else {
                 stats->misses++;
                 stats->bytes_read += bytes;
                 resident_bytes += bytes;
-                push(&heap, slot);
+                guanaco_heap_push(&heap, slot);
             }
         }
         stats->requests++;
         stats->accesses += trace->request_start[r + 1] - trace->request_start[r];
         uint32_t n_deferred = 0;
         while (resident_bytes > budget_bytes && heap.count > 0) {
-            uint32_t slot = pop(&heap);
+            uint32_t slot = guanaco_heap_pop(&heap);
             if (current[slot] == r + 1) {
                 deferred[n_deferred++] = slot; /* needed by this request */
                 continue;
@@ -156,7 +102,7 @@ int guanaco_belady(const struct guanaco_request_trace *trace, uint64_t budget_by
             stats->evictions++;
         }
         for (uint32_t i = 0; i < n_deferred; i++) {
-            push(&heap, deferred[i]);
+            guanaco_heap_push(&heap, deferred[i]);
         }
         if (resident_bytes > stats->peak_resident_bytes) {
             stats->peak_resident_bytes = resident_bytes;

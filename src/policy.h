@@ -45,7 +45,7 @@ enum guanaco_policy_kind {
        inside each layer: O(1) per access plus O(log n_layer) per eviction. */
     GUANACO_POLICY_LAYER_LRU,
     /* Pinned hot set, adaptive per-layer shares, cold-first eviction, pilot
-       hints: O(log n) per access. See policy.c for the design. */
+       hints: O(log n) per access. See policy_guanaco.c for the design. */
     GUANACO_POLICY_GUANACO,
 };
 
