@@ -588,10 +588,12 @@ static int preload(struct guanaco_engine *engine, uint64_t budget, const struct 
     int32_t *ids = calloc(n ? n : 1, sizeof(*ids));
     uint32_t *chosen = calloc(n ? n : 1, sizeof(*chosen));
     uint8_t *adopted = calloc((size_t)m->n_expert, 1);
-    if (!ids || !chosen || !adopted) {
+    double *rate = calloc((size_t)m->n_expert, sizeof(*rate));
+    if (!ids || !chosen || !adopted || !rate) {
         free(ids);
         free(chosen);
         free(adopted);
+        free(rate);
         return -ENOMEM;
     }
     char choices[900] = ""; /* the prior's picks, for the line below */
@@ -623,7 +625,18 @@ static int preload(struct guanaco_engine *engine, uint64_t budget, const struct 
             }
         }
         err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, count, 0);
+        if (weights && err == 0) {
+            /* the policy's counts start from the prior too, so lfu and guanaco keep the hot experts */
+            for (int e = 0; e < m->n_expert; e++) {
+                rate[e] = (double)weights[e] * (double)m->n_expert_used;
+            }
+            guanaco_residency_seed_policy(engine->residency, (uint32_t)layer, rate);
+        }
+        struct guanaco_residency_stats progress;
+        guanaco_residency_get_stats(engine->residency, &progress);
+        guanaco_log_progress("preload: layer %d of %d, %.2f GiB read", layer + 1, m->n_layer, gib(progress.bytes_read));
     }
+    guanaco_log_progress_end();
     double seconds = (double)(now_ns() - start) / 1e9;
     guanaco_residency_get_stats(engine->residency, &engine->after_preload);
     engine->status_last = engine->after_preload;
@@ -641,6 +654,7 @@ static int preload(struct guanaco_engine *engine, uint64_t budget, const struct 
     free(ids);
     free(chosen);
     free(adopted);
+    free(rate);
     return err;
 }
 

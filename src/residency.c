@@ -969,13 +969,39 @@ static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t 
  * A cancelled run's requests that were issued may still be reading into the page cache, and a page under
  * I/O cannot be dropped: map what was issued (which waits for it) so the drop that follows finds it.
  */
+/* Waits for the reads of the pages of [a, b) that are in the page cache (reading nothing that is not): a
+   page whose read-ahead is still in flight is in the cache but locked, and a drop would skip it. */
+static void populate_cached(struct guanaco_residency *r, uint64_t a, uint64_t b) {
+    for (uint64_t at = a; at < b;) {
+        uint64_t pages = (b - at) / r->page;
+        pages = pages < AUDIT_PAGES ? pages : AUDIT_PAGES;
+        if (mincore((void *)(uintptr_t)at, pages * r->page, r->audit_vector) != 0) {
+            return;
+        }
+        for (uint64_t p = 0; p < pages;) {
+            uint64_t run = 0;
+            while (p + run < pages && (r->audit_vector[p + run] & 1)) {
+                run++;
+            }
+            if (run) {
+                (void)populate(r, (const char *)(uintptr_t)(at + p * r->page), run * r->page);
+            }
+            p += run ? run : 1;
+        }
+        at += pages * r->page;
+    }
+}
+
 static void settle_issued(struct guanaco_residency *r, const struct prefetch_run *run) {
     for (size_t q = 0; q < run->n_requests; q++) {
         const struct guanaco_io_request *req = &run->requests[q];
+        uint64_t a = page_down(r, (uint64_t)(uintptr_t)run->addresses[q]);
+        uint64_t b = page_up(r, (uint64_t)(uintptr_t)run->addresses[q] + req->length);
         if (req->result == 0 && req->length) {
-            uint64_t a = page_down(r, (uint64_t)(uintptr_t)run->addresses[q]);
-            uint64_t b = page_up(r, (uint64_t)(uintptr_t)run->addresses[q] + req->length);
             (void)populate(r, (const char *)(uintptr_t)a, b - a);
+        } else if (req->result == -ECANCELED && req->length) {
+            /* cancelled inside: some of its pieces may have been issued, and may still be reading */
+            populate_cached(r, a, b);
         }
     }
 }
@@ -1432,5 +1458,14 @@ void guanaco_residency_set_budget(struct guanaco_residency *r, uint64_t budget_b
     if (r->prefetch_allowance) {
         r->prefetch_allowance = budget_bytes / 2;
     }
+    pthread_mutex_unlock(&r->lock);
+}
+
+void guanaco_residency_seed_policy(struct guanaco_residency *r, uint32_t layer, const double *rate) {
+    if (!r || !rate) {
+        return;
+    }
+    pthread_mutex_lock(&r->lock);
+    guanaco_policy_seed(r->policy, layer, rate);
     pthread_mutex_unlock(&r->lock);
 }

@@ -216,6 +216,10 @@ void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t aft
 /* Frees the engine; NULL is accepted. Drops nothing: the mapping's owner unmaps it. */
 void guanaco_residency_destroy(struct guanaco_residency *r);
 
+/* Seeds the policy's counts of `layer` with a routing prior (guanaco_policy_seed: n_expert rates, each the
+   expected share of a token's routings that go to the expert), under the engine's lock. */
+void guanaco_residency_seed_policy(struct guanaco_residency *r, uint32_t layer, const double *rate);
+
 /* Changes the budget (and the read-ahead allowance, half of it, when read-ahead is on). Nothing is
    evicted now: the next prepare_layer brings the resident bytes under it. */
 void guanaco_residency_set_budget(struct guanaco_residency *r, uint64_t budget_bytes);
