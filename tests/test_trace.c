@@ -26,35 +26,7 @@
 
 
 static char directory[] = "/tmp/guanaco_test_trace.XXXXXX";
-static char captured[8192]; /* stderr of the last captured call */
-static int saved_stderr = -1;
-static char capture_path[256];
-
-/* Sends stderr to a file until end_capture(), so that expected errors can be checked and do not clutter. */
-static void begin_capture(void) {
-    fflush(stderr);
-    snprintf(capture_path, sizeof(capture_path), "%s/stderr", directory);
-    int fd = open(capture_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    saved_stderr = dup(2);
-    dup2(fd, 2);
-    close(fd);
-}
-
-static void end_capture(void) {
-    fflush(stderr);
-    dup2(saved_stderr, 2);
-    close(saved_stderr);
-    captured[0] = '\0';
-    FILE *f = fopen(capture_path, "r");
-    if (f) {
-        size_t n = fread(captured, 1, sizeof(captured) - 1, f);
-        captured[n] = '\0';
-        fclose(f);
-    }
-    unlink(capture_path);
-}
-
-static bool said(const char *text) { return strstr(captured, text) != NULL; }
+#include "capture.h"
 
 static void path_in_directory(char *out, size_t size, const char *name) {
     snprintf(out, size, "%s/%s", directory, name);

@@ -21,38 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static char captured[8192]; /* stderr of the last captured call */
-static int saved_stderr = -1;
-static char capture_path[] = "/tmp/guanaco_test_unit_stderr.XXXXXX";
-
-/* Sends stderr to a file until end_capture(), so that expected errors can be checked and do not clutter. */
-static void begin_capture(void) {
-    fflush(stderr);
-    char path[sizeof(capture_path)];
-    memcpy(path, capture_path, sizeof(path));
-    int fd = mkstemp(path);
-    memcpy(capture_path, path, sizeof(path));
-    saved_stderr = dup(2);
-    dup2(fd, 2);
-    close(fd);
-}
-
-static void end_capture(void) {
-    fflush(stderr);
-    dup2(saved_stderr, 2);
-    close(saved_stderr);
-    captured[0] = '\0';
-    FILE *f = fopen(capture_path, "r");
-    if (f) {
-        size_t n = fread(captured, 1, sizeof(captured) - 1, f);
-        captured[n] = '\0';
-        fclose(f);
-    }
-    unlink(capture_path);
-    memcpy(capture_path + sizeof(capture_path) - 7, "XXXXXX", 6);
-}
-
-static bool said(const char *text) { return strstr(captured, text) != NULL; }
+#include "capture.h"
 
 
 static void test_expert_names(void) {
