@@ -944,6 +944,351 @@ static double seconds_since(const struct timespec *start) {
 #define MAX_BUDGETS 256
 #define N_KINDS 4
 
+/* ---- the run, one step per function; main calls them in order ---- */
+
+/* What the command line resolves to before any trace is read: the expert sizes, the budgets, the policies
+ * and the predictor, each checked. */
+struct sim_setup {
+    struct replay_geometry geometry;
+    struct sim_budget *budgets;
+    size_t n_budgets;
+    enum guanaco_policy_kind kinds[N_KINDS]; /* as listed, each once */
+    size_t n_kinds;
+    enum guanaco_predictor_kind predictor;
+    double pilot_masses[MAX_PILOT_MASSES];
+    size_t n_pilot_masses;
+};
+
+static void setup_free(struct sim_setup *setup) {
+    free(setup->geometry.expert_bytes);
+    free(setup->budgets);
+}
+
+/* --budgets, each checked against the geometry; 0, or the exit status after a message. */
+static int parse_budgets(const char *list, struct sim_setup *setup) {
+    char *text = strdup(list);
+    setup->budgets = calloc(MAX_BUDGETS, sizeof(*setup->budgets));
+    if (!text || !setup->budgets) {
+        free(text);
+        fprintf(stderr, PROG ": out of memory\n");
+        return 1;
+    }
+    char *items[MAX_BUDGETS];
+    int status = split_list(text, "--budgets", items, MAX_BUDGETS, &setup->n_budgets) != 0 ? 2 : 0;
+    for (size_t b = 0; status == 0 && b < setup->n_budgets; b++) {
+        if (parse_budget(items[b], &setup->geometry, &setup->budgets[b]) != 0) {
+            status = 2;
+        }
+    }
+    free(text);
+    return status;
+}
+
+/* --policies: the kinds in the order listed, each once, "all" for every kind; 0, or the exit status after a
+ * message. */
+static int parse_policies(const char *list, struct sim_setup *setup) {
+    char *text = strdup(list);
+    if (!text) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return 1;
+    }
+    char *items[MAX_BUDGETS];
+    size_t n_items = 0;
+    int status = split_list(text, "--policies", items, MAX_BUDGETS, &n_items) != 0 ? 2 : 0;
+    for (size_t p = 0; status == 0 && p < n_items; p++) {
+        enum guanaco_policy_kind kind = GUANACO_POLICY_LRU;
+        bool all = strcmp(items[p], "all") == 0;
+        if (!all && guanaco_policy_kind_from_name(items[p], &kind) != 0) {
+            fprintf(stderr, PROG ": unknown policy \"%s\" in --policies: expected %s or all%s\n", items[p],
+                    guanaco_policy_kind_names(),
+                    strcmp(items[p], "belady") == 0 ? " (belady is always replayed)" : "");
+            status = 2;
+            break;
+        }
+        for (int k = 0; k < N_KINDS; k++) {
+            if (!all && k != (int)kind) continue;
+            bool listed = false;
+            for (size_t i = 0; i < setup->n_kinds; i++) {
+                listed = listed || setup->kinds[i] == (enum guanaco_policy_kind)k;
+            }
+            if (!listed) setup->kinds[setup->n_kinds++] = (enum guanaco_policy_kind)k;
+        }
+    }
+    free(text);
+    return status;
+}
+
+/* --predictor (its name was checked with the options) and --pilot-mass; 0, or 2 after a message. */
+static int parse_predictor(const struct sim_options *options, struct sim_setup *setup) {
+    setup->predictor = GUANACO_PREDICTOR_NONE;
+    setup->pilot_masses[0] = GUANACO_PILOT_DEFAULT_MASS;
+    setup->n_pilot_masses = 1;
+    if (options->predictor) {
+        guanaco_predictor_kind_from_name(options->predictor, &setup->predictor);
+    }
+    if (!options->pilot_masses) {
+        return 0;
+    }
+    char *text = strdup(options->pilot_masses);
+    char *items[MAX_PILOT_MASSES];
+    int err = text ? split_list(text, "--pilot-mass", items, MAX_PILOT_MASSES, &setup->n_pilot_masses) : -ENOMEM;
+    for (size_t m = 0; err == 0 && m < setup->n_pilot_masses; m++) {
+        err = guanaco_cli_parse_real(PROG, "--pilot-mass", items[m], 0, 1, true, &setup->pilot_masses[m]);
+    }
+    free(text);
+    return err != 0 ? 2 : 0;
+}
+
+/* The geometry, then the budgets, policies and predictor, all before the (possibly long) trace loading; 0, or
+ * the exit status after a message. */
+static int resolve_setup(const struct sim_options *options, struct sim_setup *setup) {
+    int err = options->shape
+                  ? geometry_from_shape(options->shape, options->quant ? options->quant : "Q4_0", &setup->geometry)
+                  : geometry_from_model(options->models, options->n_models, &setup->geometry);
+    if (err != 0) {
+        return err == -EINVAL && options->shape ? 2 : 1;
+    }
+    int status = parse_budgets(options->budgets ? options->budgets : DEFAULT_BUDGETS, setup);
+    if (status == 0) {
+        status = parse_policies(options->policies ? options->policies : "all", setup);
+    }
+    if (status == 0) {
+        status = parse_predictor(options, setup);
+    }
+    return status;
+}
+
+/* Loads each trace, checks it against the geometry, appends its requests and lets it go; `sources` names the
+ * traces for the output. 0, or a negative errno after a message. */
+static int load_traces(const struct sim_options *options, const struct replay_geometry *geometry,
+                       struct replay_requests *requests, char *sources, size_t size) {
+    requests->start = calloc(1, sizeof(*requests->start));
+    if (!requests->start) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return -ENOMEM;
+    }
+    sources[0] = '\0';
+    for (size_t t = 0; t < options->n_traces; t++) {
+        char source[256];
+        int err = replay_add_trace_file(PROG, options->traces[t], geometry, requests, source, sizeof(source),
+                                        options->ubatches);
+        if (err != 0) {
+            return err;
+        }
+        size_t used = strlen(sources);
+        snprintf(sources + used, size - used, "%s%s", t ? " + " : "", source);
+    }
+    if (requests->n_requests == 0) {
+        fprintf(stderr, PROG ": the traces hold no routing decisions: nothing to replay\n");
+        return -ENODATA;
+    }
+    return 0;
+}
+
+static void print_inputs(const struct sim_options *options, const char *sources, const struct replay_requests *requests,
+                         const struct replay_geometry *geometry, uint64_t compulsory) {
+    printf("traces       %zu (%s): %llu sequences, %llu tokens, %zu records, %zu expert accesses\n",
+           options->n_traces, sources, (unsigned long long)requests->n_sequences,
+           (unsigned long long)requests->n_tokens, requests->n_records, requests->start[requests->n_requests]);
+    printf("model        %s: %u MoE layers of %u, %u experts each, top-%u; %.2f GiB of experts\n",
+           geometry->description, geometry->n_moe_layers, geometry->n_layer, geometry->n_expert, geometry->top_k,
+           (double)geometry->total_expert_bytes / GIB);
+    printf("compulsory   %llu misses (distinct (layer, expert) pairs touched)\n", (unsigned long long)compulsory);
+}
+
+/* The replays of every budget: belady, the listed kinds, then lru when it is not listed, because lru is the
+ * baseline of "gap closed". */
+struct sim_replays {
+    struct sim_job *jobs; /* budget b's are jobs[b * per_budget ...] */
+    size_t n_jobs, per_budget;
+};
+
+/* The jobs of every replay, none run yet; 0, or -ENOMEM after a message. */
+static int make_jobs(const struct sim_setup *setup, struct sim_replays *replays) {
+    bool lru_listed = false;
+    for (size_t i = 0; i < setup->n_kinds; i++) lru_listed = lru_listed || setup->kinds[i] == GUANACO_POLICY_LRU;
+    replays->per_budget = setup->n_kinds + 1 + !lru_listed;
+    replays->n_jobs = replays->per_budget * setup->n_budgets;
+    replays->jobs = calloc(replays->n_jobs, sizeof(*replays->jobs));
+    if (!replays->jobs) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return -ENOMEM;
+    }
+    for (size_t b = 0; b < setup->n_budgets; b++) {
+        struct sim_job *row = &replays->jobs[b * replays->per_budget];
+        row[0].kind = SIM_BELADY;
+        for (size_t i = 0; i < setup->n_kinds; i++) row[1 + i].kind = (int)setup->kinds[i];
+        if (!lru_listed) row[1 + setup->n_kinds].kind = GUANACO_POLICY_LRU;
+        for (size_t j = 0; j < replays->per_budget; j++) row[j].budget = b;
+    }
+    return 0;
+}
+
+/* The pipeline replay's timing: with the speeds, each policy job times the replay too. */
+static struct guanaco_pipeline_config pipeline_config(const struct sim_options *options,
+                                                      const struct sim_setup *setup) {
+    return (struct guanaco_pipeline_config){
+        .predictor = setup->predictor,
+        .pilot_mass = options->pilot_masses ? setup->pilot_masses[0] : 0,
+        .pilot_half_life = options->pilot_half_life,
+        .bytes_per_second = options->disk_gbps * 1e9,
+        .token_seconds = options->compute_ms / 1e3,
+        .prompt_token_seconds =
+            (options->have_prompt_compute_ms ? options->prompt_compute_ms : options->compute_ms) / 1e3,
+    };
+}
+
+/* Which requests are timed: a warmup pass is replayed, not timed (the first `warmup` passes of each sequence).
+ * NULL after a message when out of memory. */
+static uint8_t *timed_requests(const struct replay_requests *requests, unsigned long warmup) {
+    uint8_t *timed = malloc(requests->n_requests);
+    if (!timed) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return NULL;
+    }
+    uint64_t passes_in_sequence = 0;
+    for (size_t r = 0; r < requests->n_requests; r++) {
+        if (r == 0 || requests->sequence[r] != requests->sequence[r - 1]) {
+            passes_in_sequence = 0;
+        }
+        if (r == 0 || requests->token[r] != requests->token[r - 1]) {
+            passes_in_sequence++;
+        }
+        timed[r] = passes_in_sequence > warmup;
+    }
+    return timed;
+}
+
+/* Runs every job on the threads and times it; 0, or -1 after a message when a replay failed. */
+static int run_replays(const struct sim_options *options, const struct sim_setup *setup,
+                       const struct replay_requests *requests, const struct guanaco_request_trace *replay,
+                       const struct guanaco_pipeline_config *pipeline, struct sim_replays *replays,
+                       double *seconds) {
+    struct guanaco_request_rows rows = {0};
+    uint8_t *timed = NULL;
+    if (options->have_disk_gbps) {
+        timed = timed_requests(requests, options->warmup);
+        if (!timed) {
+            return -ENOMEM;
+        }
+        rows = replay_request_rows(requests, timed);
+    }
+    struct sim_pool pool = {replay, options->have_disk_gbps ? &rows : NULL, pipeline, setup->budgets,
+                            options->per_layer_cap, options->half_life, options->preload, replays->jobs,
+                            replays->n_jobs, 0, PTHREAD_MUTEX_INITIALIZER};
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    struct timespec clock_start;
+    clock_gettime(CLOCK_MONOTONIC, &clock_start);
+    run_jobs(&pool, options->threads ? options->threads : (size_t)(cpus > 0 ? cpus : 1));
+    *seconds = seconds_since(&clock_start);
+    free(timed);
+    for (size_t j = 0; j < replays->n_jobs; j++) {
+        const struct sim_job *job = &replays->jobs[j];
+        if (job->err != 0) {
+            fprintf(stderr, PROG ": replaying %s at budget %s failed: %s\n",
+                    job->kind == SIM_BELADY ? "belady" : guanaco_policy_kind_name(job->kind),
+                    setup->budgets[job->budget].text, strerror(-job->err));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The table of every (budget, shown policy), on stdout and in the CSV when there is one, then its notes. */
+static void print_results(const struct sim_options *options, const struct sim_setup *setup,
+                          const struct sim_replays *replays, uint64_t n_tokens, FILE *csv) {
+    bool with_speed = options->have_disk_gbps;
+    if (csv) print_csv_header(csv, with_speed);
+    printf("\n");
+    print_table_header(with_speed);
+    bool all_exact = true;
+    for (size_t b = 0; b < setup->n_budgets; b++) {
+        const struct sim_job *row = &replays->jobs[b * replays->per_budget];
+        const struct sim_job *lru = &row[1 + setup->n_kinds];
+        for (size_t i = 0; i < setup->n_kinds; i++) {
+            if (setup->kinds[i] == GUANACO_POLICY_LRU) lru = &row[1 + i];
+        }
+        all_exact = all_exact && row[0].exact;
+        for (size_t j = 0; j < 1 + setup->n_kinds; j++) {
+            const char *name = j == 0 ? "belady" : guanaco_policy_kind_name(setup->kinds[j - 1]);
+            struct sim_row line = make_row(name, &setup->budgets[b], &row[j], &row[0], lru, n_tokens,
+                                           options->disk_gbps, options->compute_ms);
+            print_table_row(&line);
+            if (csv) print_csv_row(csv, &line);
+        }
+    }
+    printf("\nhit %% = accesses served from RAM; gap pts = belady's hit %% minus the policy's; closed %% = the "
+           "share of the lru-to-belady gap the policy closes (n/a when lru is already optimal)\n");
+    if (with_speed) {
+        printf("tok/s = 1000 / (%.3g ms compute + MB/token read at %.3g GB/s), serial; overlap tok/s = timed tokens / "
+               "their time in the pipeline replay below\n",
+               options->compute_ms, options->disk_gbps);
+    }
+    if (!all_exact) {
+        printf("note: expert sizes differ between layers, so belady (farthest next use) is a strong heuristic "
+               "there, not a bound\n");
+    }
+    if (options->per_layer_cap) {
+        printf("note: the policies hold at most %u experts per layer; belady is not capped\n",
+               options->per_layer_cap);
+    }
+}
+
+/* The pipeline replay's table: per policy and budget, each phase's passes, rates, stalls and reads. */
+static void print_pipeline(const struct sim_options *options, const struct sim_setup *setup,
+                           const struct sim_replays *replays, const struct guanaco_pipeline_config *pipeline,
+                           uint64_t n_tokens) {
+    print_pipeline_header(pipeline, setup->geometry.n_moe_layers, options->warmup, options->ubatches);
+    for (size_t b = 0; b < setup->n_budgets; b++) {
+        const struct sim_job *row = &replays->jobs[b * replays->per_budget];
+        for (size_t i = 0; i < setup->n_kinds; i++) {
+            struct sim_row line = make_row(guanaco_policy_kind_name(setup->kinds[i]), &setup->budgets[b], &row[1 + i],
+                                           &row[0], &row[0], n_tokens, options->disk_gbps, options->compute_ms);
+            print_pipeline_row(&line);
+        }
+    }
+    printf("serial = the same reads after each layer's ids arrive; compute and stall per pass are summed over its "
+           "MoE layers; hidden %% = needed bytes read ahead and done before their layer\n");
+}
+
+/* Closes the CSV; 0, or -EIO after a message when anything written to it failed. */
+static int close_csv(FILE *csv, const char *path) {
+    int failed = ferror(csv);
+    failed |= fclose(csv);
+    if (failed) {
+        fprintf(stderr, PROG ": writing %s failed\n", path);
+        return -EIO;
+    }
+    return 0;
+}
+
+/* Draws belady's and each shown policy's miss ratio against the budget; 0, or a negative errno after a
+ * message. */
+static int plot_replays(const char *png, const char *sources, const struct sim_setup *setup,
+                        const struct sim_replays *replays) {
+    size_t n_curves = 1 + setup->n_kinds, n_budgets = setup->n_budgets;
+    const struct sim_job **points = calloc(n_curves * n_budgets, sizeof(*points));
+    if (!points) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return -ENOMEM;
+    }
+    struct sim_curve curves[1 + N_KINDS];
+    for (size_t j = 0; j < n_curves; j++) {
+        curves[j].name = j == 0 ? "belady (optimal)" : guanaco_policy_kind_name(setup->kinds[j - 1]);
+        curves[j].points = &points[j * n_budgets];
+        for (size_t b = 0; b < n_budgets; b++) {
+            points[j * n_budgets + b] = &replays->jobs[b * replays->per_budget + j];
+        }
+    }
+    char title[700];
+    snprintf(title, sizeof(title), "%s on %s", sources, setup->geometry.description);
+    signal(SIGPIPE, SIG_IGN); /* a gnuplot that dies early must fail the write, not kill us */
+    fflush(stdout);
+    int err = draw_plot(png, title, setup->budgets, n_budgets, curves, n_curves);
+    free(points);
+    return err;
+}
+
 int main(int argc, char **argv) {
     struct sim_options options = {0};
     int status = parse_options(argc, argv, &options);
@@ -952,86 +1297,15 @@ int main(int argc, char **argv) {
         free(options.models);
         return status < 0 ? 0 : status;
     }
-    status = 1;
-    struct replay_geometry geometry = {0};
+    struct sim_setup setup = {0};
     struct replay_requests requests = {0};
-    struct sim_budget *budgets = calloc(MAX_BUDGETS, sizeof(*budgets));
-    char *budget_text = strdup(options.budgets ? options.budgets : DEFAULT_BUDGETS);
-    char *policy_text = strdup(options.policies ? options.policies : "all");
-    struct sim_job *jobs = NULL;
-    const struct sim_job **points = NULL;
-    uint8_t *timed = NULL;
+    struct sim_replays replays = {0};
     FILE *csv = NULL;
-    if (!budgets || !budget_text || !policy_text) {
-        fprintf(stderr, PROG ": out of memory\n");
+    status = resolve_setup(&options, &setup);
+    if (status != 0) {
         goto done;
     }
-
-    int err = options.shape ? geometry_from_shape(options.shape, options.quant ? options.quant : "Q4_0", &geometry)
-                            : geometry_from_model(options.models, options.n_models, &geometry);
-    if (err != 0) {
-        status = err == -EINVAL && options.shape ? 2 : 1;
-        goto done;
-    }
-
-    /* budgets and policies are checked before the (possibly long) trace loading */
-    char *items[MAX_BUDGETS];
-    size_t n_budgets = 0;
-    if (split_list(budget_text, "--budgets", items, MAX_BUDGETS, &n_budgets) != 0) {
-        status = 2;
-        goto done;
-    }
-    for (size_t b = 0; b < n_budgets; b++) {
-        if (parse_budget(items[b], &geometry, &budgets[b]) != 0) {
-            status = 2;
-            goto done;
-        }
-    }
-    enum guanaco_policy_kind kinds[N_KINDS];
-    size_t n_kinds = 0, n_policy_items = 0;
-    if (split_list(policy_text, "--policies", items, MAX_BUDGETS, &n_policy_items) != 0) {
-        status = 2;
-        goto done;
-    }
-    for (size_t p = 0; p < n_policy_items; p++) {
-        enum guanaco_policy_kind kind = GUANACO_POLICY_LRU;
-        bool all = strcmp(items[p], "all") == 0;
-        if (!all && guanaco_policy_kind_from_name(items[p], &kind) != 0) {
-            fprintf(stderr, PROG ": unknown policy \"%s\" in --policies: expected %s or all%s\n", items[p],
-                    guanaco_policy_kind_names(),
-                    strcmp(items[p], "belady") == 0 ? " (belady is always replayed)" : "");
-            status = 2;
-            goto done;
-        }
-        for (int k = 0; k < N_KINDS; k++) {
-            if (!all && k != (int)kind) continue;
-            bool listed = false;
-            for (size_t i = 0; i < n_kinds; i++) listed = listed || kinds[i] == (enum guanaco_policy_kind)k;
-            if (!listed) kinds[n_kinds++] = (enum guanaco_policy_kind)k;
-        }
-    }
-
-    enum guanaco_predictor_kind predictor_kind = GUANACO_PREDICTOR_NONE;
-    double pilot_masses[MAX_PILOT_MASSES] = {GUANACO_PILOT_DEFAULT_MASS};
-    size_t n_pilot_masses = 1;
-    if (options.predictor) {
-        guanaco_predictor_kind_from_name(options.predictor, &predictor_kind); /* checked with the options */
-    }
-    if (options.pilot_masses) {
-        char *mass_text = strdup(options.pilot_masses);
-        char *mass_items[MAX_PILOT_MASSES];
-        err = mass_text ? split_list(mass_text, "--pilot-mass", mass_items, MAX_PILOT_MASSES, &n_pilot_masses)
-                        : -ENOMEM;
-        for (size_t m = 0; err == 0 && m < n_pilot_masses; m++) {
-            err = guanaco_cli_parse_real(PROG, "--pilot-mass", mass_items[m], 0, 1, true, &pilot_masses[m]);
-        }
-        free(mass_text);
-        if (err != 0) {
-            status = 2;
-            goto done;
-        }
-    }
-
+    status = 1;
     /* an unwritable CSV is found before the (possibly long) loading and replays */
     if (options.csv) {
         csv = fopen(options.csv, "w");
@@ -1040,193 +1314,49 @@ int main(int argc, char **argv) {
             goto done;
         }
     }
-
-    /* load each trace, check it against the model, append its requests, and let it go */
-    requests.start = calloc(1, sizeof(*requests.start));
-    if (!requests.start) {
-        fprintf(stderr, PROG ": out of memory\n");
-        goto done;
-    }
     struct timespec clock_start;
     clock_gettime(CLOCK_MONOTONIC, &clock_start);
-    char sources[512] = "";
-    for (size_t t = 0; t < options.n_traces; t++) {
-        char source[256];
-        err = replay_add_trace_file(PROG, options.traces[t], &geometry, &requests, source, sizeof(source),
-                                    options.ubatches);
-        if (err != 0) {
-            goto done;
-        }
-        size_t used = strlen(sources);
-        snprintf(sources + used, sizeof(sources) - used, "%s%s", t ? " + " : "", source);
-    }
-    if (requests.n_requests == 0) {
-        fprintf(stderr, PROG ": the traces hold no routing decisions: nothing to replay\n");
+    char sources[512];
+    if (load_traces(&options, &setup.geometry, &requests, sources, sizeof(sources)) != 0) {
         goto done;
     }
-    struct guanaco_request_trace replay = replay_request_trace(&geometry, &requests);
+    struct guanaco_request_trace replay = replay_request_trace(&setup.geometry, &requests);
     double load_seconds = seconds_since(&clock_start);
-    uint64_t compulsory = count_compulsory(&replay);
-    printf("traces       %zu (%s): %llu sequences, %llu tokens, %zu records, %zu expert accesses\n",
-           options.n_traces, sources, (unsigned long long)requests.n_sequences,
-           (unsigned long long)requests.n_tokens, requests.n_records, requests.start[requests.n_requests]);
-    printf("model        %s: %u MoE layers of %u, %u experts each, top-%u; %.2f GiB of experts\n",
-           geometry.description, geometry.n_moe_layers, geometry.n_layer, geometry.n_expert, geometry.top_k,
-           (double)geometry.total_expert_bytes / GIB);
-    printf("compulsory   %llu misses (distinct (layer, expert) pairs touched)\n", (unsigned long long)compulsory);
+    print_inputs(&options, sources, &requests, &setup.geometry, count_compulsory(&replay));
 
-    /* LRU is the baseline of "gap closed", so it runs even when it is not shown */
-    bool lru_listed = false;
-    for (size_t i = 0; i < n_kinds; i++) lru_listed = lru_listed || kinds[i] == GUANACO_POLICY_LRU;
-    size_t per_budget = n_kinds + 1 + !lru_listed; /* belady, the listed kinds, maybe lru */
-    size_t n_jobs = per_budget * n_budgets;
-    jobs = calloc(n_jobs, sizeof(*jobs));
-    points = calloc(per_budget * n_budgets, sizeof(*points));
-    if (!jobs || !points) {
-        fprintf(stderr, PROG ": out of memory\n");
+    struct guanaco_pipeline_config pipeline = pipeline_config(&options, &setup);
+    double replay_seconds = 0;
+    if (make_jobs(&setup, &replays) != 0 ||
+        run_replays(&options, &setup, &requests, &replay, &pipeline, &replays, &replay_seconds) != 0) {
         goto done;
     }
-    for (size_t b = 0; b < n_budgets; b++) {
-        struct sim_job *row = &jobs[b * per_budget];
-        row[0].kind = SIM_BELADY;
-        for (size_t i = 0; i < n_kinds; i++) row[1 + i].kind = (int)kinds[i];
-        if (!lru_listed) row[1 + n_kinds].kind = GUANACO_POLICY_LRU;
-        for (size_t j = 0; j < per_budget; j++) row[j].budget = b;
-    }
-    /* the pipeline replay: with the speeds, each policy job times the replay too */
-    struct guanaco_pipeline_config pipeline = {
-        .predictor = predictor_kind,
-        .pilot_mass = options.pilot_masses ? pilot_masses[0] : 0,
-        .pilot_half_life = options.pilot_half_life,
-        .bytes_per_second = options.disk_gbps * 1e9,
-        .token_seconds = options.compute_ms / 1e3,
-        .prompt_token_seconds = (options.have_prompt_compute_ms ? options.prompt_compute_ms : options.compute_ms) / 1e3,
-    };
-    struct guanaco_request_rows rows = {0};
+    print_results(&options, &setup, &replays, requests.n_tokens, csv);
     if (options.have_disk_gbps) {
-        /* a warmup pass is replayed, not timed: the first `warmup` passes of each sequence */
-        timed = malloc(requests.n_requests);
-        if (!timed) {
-            fprintf(stderr, PROG ": out of memory\n");
-            goto done;
-        }
-        uint64_t passes_in_sequence = 0;
-        for (size_t r = 0; r < requests.n_requests; r++) {
-            if (r == 0 || requests.sequence[r] != requests.sequence[r - 1]) {
-                passes_in_sequence = 0;
-            }
-            if (r == 0 || requests.token[r] != requests.token[r - 1]) {
-                passes_in_sequence++;
-            }
-            timed[r] = passes_in_sequence > options.warmup;
-        }
-        rows = replay_request_rows(&requests, timed);
+        print_pipeline(&options, &setup, &replays, &pipeline, requests.n_tokens);
     }
-    struct sim_pool pool = {&replay, options.have_disk_gbps ? &rows : NULL, &pipeline, budgets, options.per_layer_cap,
-                            options.half_life, options.preload, jobs, n_jobs, 0, PTHREAD_MUTEX_INITIALIZER};
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    clock_gettime(CLOCK_MONOTONIC, &clock_start);
-    run_jobs(&pool, options.threads ? options.threads : (size_t)(cpus > 0 ? cpus : 1));
-    double replay_seconds = seconds_since(&clock_start);
-    for (size_t j = 0; j < n_jobs; j++) {
-        if (jobs[j].err != 0) {
-            fprintf(stderr, PROG ": replaying %s at budget %s failed: %s\n",
-                    jobs[j].kind == SIM_BELADY ? "belady" : guanaco_policy_kind_name(jobs[j].kind),
-                    budgets[jobs[j].budget].text, strerror(-jobs[j].err));
-            goto done;
-        }
-    }
-
-    bool with_speed = options.have_disk_gbps;
-    if (csv) print_csv_header(csv, with_speed);
-    printf("\n");
-    print_table_header(with_speed);
-    bool all_exact = true;
-    for (size_t b = 0; b < n_budgets; b++) {
-        const struct sim_job *row = &jobs[b * per_budget];
-        const struct sim_job *lru = &row[1 + n_kinds];
-        for (size_t i = 0; i < n_kinds; i++) {
-            if (kinds[i] == GUANACO_POLICY_LRU) lru = &row[1 + i];
-        }
-        all_exact = all_exact && row[0].exact;
-        for (size_t j = 0; j < 1 + n_kinds; j++) {
-            const char *name = j == 0 ? "belady" : guanaco_policy_kind_name(kinds[j - 1]);
-            struct sim_row line = make_row(name, &budgets[b], &row[j], &row[0], lru, requests.n_tokens,
-                                           options.disk_gbps, options.compute_ms);
-            print_table_row(&line);
-            if (csv) print_csv_row(csv, &line);
-            points[j * n_budgets + b] = &row[j];
-        }
-    }
-    printf("\nhit %% = accesses served from RAM; gap pts = belady's hit %% minus the policy's; closed %% = the "
-           "share of the lru-to-belady gap the policy closes (n/a when lru is already optimal)\n");
-    if (with_speed) {
-        printf("tok/s = 1000 / (%.3g ms compute + MB/token read at %.3g GB/s), serial; overlap tok/s = timed tokens / "
-               "their time in the pipeline replay below\n",
-               options.compute_ms, options.disk_gbps);
-    }
-    if (!all_exact) {
-        printf("note: expert sizes differ between layers, so belady (farthest next use) is a strong heuristic "
-               "there, not a bound\n");
-    }
-    if (options.per_layer_cap) {
-        printf("note: the policies hold at most %u experts per layer; belady is not capped\n",
-               options.per_layer_cap);
-    }
-    if (with_speed) {
-        print_pipeline_header(&pipeline, geometry.n_moe_layers, options.warmup, options.ubatches);
-        for (size_t b = 0; b < n_budgets; b++) {
-            const struct sim_job *row = &jobs[b * per_budget];
-            for (size_t i = 0; i < n_kinds; i++) {
-                struct sim_row line = make_row(guanaco_policy_kind_name(kinds[i]), &budgets[b], &row[1 + i], &row[0],
-                                               &row[0], requests.n_tokens, options.disk_gbps, options.compute_ms);
-                print_pipeline_row(&line);
-            }
-        }
-        printf("serial = the same reads after each layer's ids arrive; compute and stall per pass are summed over its "
-               "MoE layers; hidden %% = needed bytes read ahead and done before their layer\n");
-    }
-    printf("loaded in %.2f s; %zu replays in %.2f s\n", load_seconds, n_jobs, replay_seconds);
+    printf("loaded in %.2f s; %zu replays in %.2f s\n", load_seconds, replays.n_jobs, replay_seconds);
     if (options.predictor &&
-        report_prediction(&geometry, &requests, predictor_kind, pilot_masses,
-                          predictor_kind == GUANACO_PREDICTOR_PILOT ? n_pilot_masses : 1, options.pilot_half_life,
-                          options.verbose) != 0) {
+        report_prediction(&setup.geometry, &requests, setup.predictor, setup.pilot_masses,
+                          setup.predictor == GUANACO_PREDICTOR_PILOT ? setup.n_pilot_masses : 1,
+                          options.pilot_half_life, options.verbose) != 0) {
         goto done;
     }
     if (csv) {
-        int failed = ferror(csv);
-        failed |= fclose(csv);
+        FILE *written = csv;
         csv = NULL;
-        if (failed) {
-            fprintf(stderr, PROG ": writing %s failed\n", options.csv);
+        if (close_csv(written, options.csv) != 0) {
             goto done;
         }
     }
-    if (options.plot) {
-        struct sim_curve curves[1 + N_KINDS];
-        for (size_t j = 0; j < 1 + n_kinds; j++) {
-            curves[j].name = j == 0 ? "belady (optimal)" : guanaco_policy_kind_name(kinds[j - 1]);
-            curves[j].points = &points[j * n_budgets];
-        }
-        char title[700];
-        snprintf(title, sizeof(title), "%s on %s", sources, geometry.description);
-        signal(SIGPIPE, SIG_IGN); /* a gnuplot that dies early must fail the write, not kill us */
-        fflush(stdout);
-        if (draw_plot(options.plot, title, budgets, n_budgets, curves, 1 + n_kinds) != 0) {
-            goto done;
-        }
+    if (options.plot && plot_replays(options.plot, sources, &setup, &replays) != 0) {
+        goto done;
     }
     status = 0;
 done:
     if (csv) fclose(csv);
-    free(jobs);
-    free(points);
-    free(timed);
+    free(replays.jobs);
     replay_requests_free(&requests);
-    free(geometry.expert_bytes);
-    free(budgets);
-    free(budget_text);
-    free(policy_text);
+    setup_free(&setup);
     free(options.traces);
     free(options.models);
     return status;
