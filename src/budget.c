@@ -6,7 +6,9 @@
  * (guanaco_engine_context_memory), the margin is what they take plus 256 MiB
  * plus 5% for the process, the page cache's slack and reads in flight: in a
  * 6 GB limit on a 16.5 GB model, the load-time rule alone left 1.4 GB unused.
- * The floor is a quarter of a layer's experts, or nothing runs.
+ * The floor is a quarter of a layer's experts, or nothing runs. The preload
+ * count lives here too: it is the budget's split between layers, and the
+ * engine and the simulator must preload the same experts.
  */
 #include "budget.h"
 
@@ -30,4 +32,14 @@ void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int6
 
 double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes) {
     return ((double)budget + (double)non_expert_bytes + (double)MARGIN_UNKNOWN_BYTES) / (1.0 - MARGIN_UNKNOWN_SHARE);
+}
+
+uint32_t guanaco_preload_count(uint64_t budget_bytes, uint64_t total_expert_bytes, uint32_t n_expert,
+                               uint32_t max_per_layer) {
+    if (total_expert_bytes == 0) {
+        return 0;
+    }
+    double fit = (double)budget_bytes * (double)n_expert / (double)total_expert_bytes;
+    uint32_t n = fit >= (double)n_expert ? n_expert : (uint32_t)fit;
+    return max_per_layer && n > max_per_layer ? max_per_layer : n;
 }

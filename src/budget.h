@@ -1,7 +1,9 @@
 /*
- * budget.h - the --guanaco-ram auto rule, written once: the engine sizes its
- * budget with it, and guanaco-plan reads it backwards (the memory a budget
- * needs). budget.c says why each margin is what it is.
+ * budget.h - the budget's rules, written once: the --guanaco-ram auto rule
+ * (the engine sizes its budget with it, and guanaco-plan reads it backwards:
+ * the memory a budget needs), and how many experts of each layer the preload
+ * fills it with (the engine preloads that many, the simulator replays the
+ * same). budget.c says why each margin is what it is.
  */
 #ifndef GUANACO_BUDGET_H
 #define GUANACO_BUDGET_H
@@ -24,5 +26,14 @@ void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int6
 
 /* The memory at which the load-time rule (contexts unknown) gives `budget`: the rule read backwards. */
 double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes);
+
+/*
+ * How many experts --guanaco-preload puts in each MoE layer: the layer's
+ * share of the budget in proportion to its expert bytes, in whole experts,
+ * which is the same count for every layer (budget * n_expert / all expert
+ * bytes), at most n_expert and at most max_per_layer when that is set.
+ */
+uint32_t guanaco_preload_count(uint64_t budget_bytes, uint64_t total_expert_bytes, uint32_t n_expert,
+                               uint32_t max_per_layer);
 
 #endif

@@ -10,7 +10,6 @@
 #include "mapping_guard.h"
 #include "imatrix.h"
 #include "log.h"
-#include "simulate.h"
 
 #include "ggml-backend.h"
 

@@ -7,6 +7,7 @@
  * guanaco-sim and guanaco-plan estimate time with one rule.
  */
 #include "simulate.h"
+#include "budget.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -51,16 +52,6 @@ int guanaco_request_trace_check(const struct guanaco_request_trace *trace) {
     }
     free(mark);
     return result;
-}
-
-uint32_t guanaco_preload_count(uint64_t budget_bytes, uint64_t total_expert_bytes, uint32_t n_expert,
-                               uint32_t max_per_layer) {
-    if (total_expert_bytes == 0) {
-        return 0;
-    }
-    double fit = (double)budget_bytes * (double)n_expert / (double)total_expert_bytes;
-    uint32_t n = fit >= (double)n_expert ? n_expert : (uint32_t)fit;
-    return max_per_layer && n > max_per_layer ? max_per_layer : n;
 }
 
 /* The engine's preload: each MoE layer's count of lowest-numbered experts, at token 0. */

@@ -50,21 +50,12 @@ int guanaco_request_trace_check(const struct guanaco_request_trace *trace);
  * n_expert and expert_bytes are taken from the trace. Each request is one
  * access (now = its token) followed by one evict protecting its layer.
  * With `preload`, the policy first gets what the engine's --guanaco-preload
- * loads (guanaco_preload_count lowest-numbered experts of every MoE layer,
+ * loads (guanaco_preload_count of budget.h: the lowest-numbered experts of every MoE layer,
  * at token 0), and the stats count only the replay after it.
  * 0, -EINVAL (bad trace or config) or -ENOMEM.
  */
 int guanaco_simulate(const struct guanaco_request_trace *trace, const struct guanaco_policy_config *config,
                      bool preload, struct guanaco_replay_stats *stats);
-
-/*
- * How many experts --guanaco-preload puts in each MoE layer: the layer's
- * share of the budget in proportion to its expert bytes, in whole experts,
- * which is the same count for every layer (budget * n_expert / all expert
- * bytes), at most n_expert and at most max_per_layer when that is set.
- */
-uint32_t guanaco_preload_count(uint64_t budget_bytes, uint64_t total_expert_bytes, uint32_t n_expert,
-                               uint32_t max_per_layer);
 
 /* ---- the pipeline: reads overlapped with compute ----
  *
