@@ -472,6 +472,309 @@ static int knee_row(const struct plan_row *rows, int n) {
     return best;
 }
 
+/* ---- the run, one step per function; main calls them in order ---- */
+
+/* Reads the model's manifest and expert geometry; a dense model has nothing to plan. 0, or -1 after a message. */
+static int load_model(const struct plan_options *options, struct guanaco_manifest *manifest, bool *have_manifest,
+                      struct replay_geometry *geometry) {
+    int err = guanaco_manifest_load(options->models[0], options->n_models > 1 ? options->models : NULL,
+                                    options->n_models > 1 ? options->n_models : 0, manifest);
+    if (err != 0) {
+        fprintf(stderr, PROG ": cannot read the model %s: %s\n", options->models[0], strerror(-err));
+        return -1;
+    }
+    *have_manifest = true;
+    if (manifest->n_tensors == 0) {
+        fprintf(stderr, PROG ": %s is a dense model (no expert tensors): Guanaco passes it through to plain "
+                        "llama.cpp, so there is no budget to plan\n", options->models[0]);
+        return -1;
+    }
+    return replay_geometry_from_manifest(PROG, manifest, options->models[0], geometry) != 0 ? -1 : 0;
+}
+
+static void print_model(const struct replay_geometry *geometry, uint64_t non_expert) {
+    printf("model        %s: %u layers, %u with experts, %u experts each, top-%u\n", geometry->description,
+           geometry->n_layer, geometry->n_moe_layers, geometry->n_expert, geometry->top_k);
+    printf("weights      experts %.3f GiB, other weights %.3f GiB\n", (double)geometry->total_expert_bytes / GIB,
+           (double)non_expert / GIB);
+}
+
+/* Appends a synthetic trace of the model's own shape, from the preset closest to it, and says that the routing
+ * is not the model's. 0, or -1 after a message. */
+static int add_synthetic_routing(const struct plan_options *options, const struct guanaco_manifest *manifest,
+                                 const struct replay_geometry *geometry, struct replay_requests *requests) {
+    uint8_t *moe_layer = calloc(geometry->n_layer, 1);
+    if (!moe_layer) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return -1;
+    }
+    const struct guanaco_synth_preset *preset = guanaco_synth_preset_closest(geometry->n_expert, geometry->top_k);
+    struct guanaco_synth_params params = preset->params;
+    params.n_layer = geometry->n_layer;
+    params.n_expert = geometry->n_expert;
+    params.top_k = geometry->top_k;
+    for (uint32_t l = 0; l < geometry->n_layer; l++) {
+        moe_layer[l] = geometry->expert_bytes[l] > 0;
+    }
+    params.moe_layer = moe_layer;
+    if (options->tokens) params.tokens = (uint32_t)options->tokens;
+    if (options->have_seed) params.seed = options->seed;
+    struct guanaco_trace trace;
+    int err = guanaco_synth_trace(&params, manifest->arch, preset->name, &trace);
+    free(moe_layer);
+    if (err != 0) {
+        fprintf(stderr, PROG ": cannot generate the synthetic routing: %s\n", strerror(-err));
+        return -1;
+    }
+    err = replay_append_trace(PROG, requests, &trace, "the synthetic trace", geometry, false);
+    guanaco_trace_free(&trace);
+    if (err != 0) {
+        return -1;
+    }
+    printf("routing      SYNTHETIC, not this model's own: preset %s, the closest to %u experts top-%u "
+           "(%u x %u tokens, seed %llu).\n"
+           "             For a prediction from real routing, record some with --guanaco-trace-out FILE and pass "
+           "--trace FILE.\n",
+           preset->name, geometry->n_expert, geometry->top_k, params.sequences, params.tokens,
+           (unsigned long long)params.seed);
+    return 0;
+}
+
+/* The routing to replay: the recorded traces, or else a synthetic one of the model's own shape. 0, or -1 after
+ * a message. */
+static int load_routing(const struct plan_options *options, const struct guanaco_manifest *manifest,
+                        const struct replay_geometry *geometry, struct replay_requests *requests) {
+    requests->start = calloc(1, sizeof(*requests->start));
+    if (!requests->start) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return -1;
+    }
+    for (size_t t = 0; t < options->n_traces; t++) {
+        char source[256];
+        if (replay_add_trace_file(PROG, options->traces[t], geometry, requests, source, sizeof(source), false) != 0) {
+            return -1;
+        }
+        printf("routing      %s: recorded (%s)\n", options->traces[t], source);
+    }
+    if (options->n_traces == 0 && add_synthetic_routing(options, manifest, geometry, requests) != 0) {
+        return -1;
+    }
+    if (requests->n_requests == 0) {
+        fprintf(stderr, PROG ": the traces hold no routing decisions: nothing to replay\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Disk and compute speeds: given, or measured. */
+struct plan_speeds {
+    double disk_gbps, compute_ms;
+};
+
+/* --disk-gbps, or a measurement of reading the model's expert slices; says which. 0, or -1 after a message. */
+static int resolve_disk_gbps(const struct plan_options *options, const struct guanaco_manifest *manifest,
+                             double *gbps) {
+    if (options->have_disk_gbps) {
+        *gbps = options->disk_gbps;
+        printf("disk         %.2f GB/s, given by --disk-gbps\n", *gbps);
+        return 0;
+    }
+    struct disk_speed speed = {0};
+    int err = measure_disk(manifest, &speed);
+    if (err != 0) {
+        fprintf(stderr, PROG ": measuring the disk failed (%s): give --disk-gbps X instead\n", strerror(-err));
+        return -1;
+    }
+    *gbps = speed.gbps;
+    printf("disk         %.2f GB/s, measured: %.0f MiB in %zu expert slices in random order, queue depth %u, "
+           "%s, %s%s\n",
+           *gbps, (double)speed.bytes / MIB, speed.slices, DISK_QUEUE_DEPTH,
+           guanaco_io_backend_name(speed.backend),
+           speed.direct ? "O_DIRECT" : "buffered (O_DIRECT refused by the file system; the slices were dropped "
+                                       "from the page cache first)",
+           speed.bytes < DISK_SAMPLE_BYTES ? "; that is all of the model's expert slices" : "");
+    return 0;
+}
+
+/* --compute-ms, or an estimate from the weights a token touches and the memory bandwidth; says which. 0, or -1
+ * after a message. */
+static int resolve_compute_ms(const struct plan_options *options, const struct replay_geometry *geometry,
+                              uint64_t non_expert, double *ms) {
+    if (options->have_compute_ms) {
+        *ms = options->compute_ms;
+        printf("compute      %.2f ms per token, given by --compute-ms\n", *ms);
+        return 0;
+    }
+    uint64_t touched = non_expert;
+    for (uint32_t l = 0; l < geometry->n_layer; l++) {
+        touched += (uint64_t)geometry->top_k * geometry->expert_bytes[l];
+    }
+    double memory_gbps = measure_memory_gbps();
+    if (memory_gbps <= 0) {
+        fprintf(stderr, PROG ": measuring the memory bandwidth failed: give --compute-ms Y instead\n");
+        return -1;
+    }
+    *ms = (double)touched / (memory_gbps * 1e9) * 1e3;
+    printf("compute      %.2f ms per token, an ESTIMATE: %.2f GiB of weights touched per token (non-expert + "
+           "top-%u experts per layer) / %.1f GB/s read by one thread; give --compute-ms for a measured value\n",
+           *ms, (double)touched / GIB, geometry->top_k, memory_gbps);
+    return 0;
+}
+
+/* The budgets replayed: every tenth of the expert bytes, and the one --ram leads to. */
+struct plan_sweep {
+    struct plan_row rows[SWEEP_STEPS + 1];
+    int n_rows;
+    uint64_t ram_budget; /* with --ram: the engine's automatic budget, at most every expert */
+    bool ram_at_floor;   /* that budget is the engine's floor of a quarter layer */
+    bool all_exact;      /* Belady's replays were all exact, not heuristic */
+};
+
+/* The sweep's budgets in increasing order, none replayed yet. */
+static void make_sweep(const struct plan_options *options, const struct guanaco_manifest *manifest,
+                       const struct replay_geometry *geometry, struct plan_sweep *sweep) {
+    sweep->n_rows = 0;
+    for (int step = 1; step <= SWEEP_STEPS; step++) {
+        sweep->rows[sweep->n_rows++] = (struct plan_row){
+            .budget_bytes = (uint64_t)((double)geometry->total_expert_bytes * step / SWEEP_STEPS)};
+    }
+    sweep->ram_at_floor = false;
+    sweep->ram_budget = 0;
+    if (options->ram_bytes) {
+        sweep->ram_budget = budget_for_ram(options->ram_bytes, manifest, &sweep->ram_at_floor);
+        if (sweep->ram_budget > geometry->total_expert_bytes) {
+            sweep->ram_budget = geometry->total_expert_bytes;
+        }
+        sweep->rows[sweep->n_rows++] = (struct plan_row){.budget_bytes = sweep->ram_budget, .from_ram = true};
+        qsort(sweep->rows, (size_t)sweep->n_rows, sizeof(sweep->rows[0]), compare_rows);
+    }
+}
+
+/* Replays the routing at every budget of the sweep through the policy, Belady's optimum and the engine's
+ * pipeline, and fills in each row's figures. 0, or -1 after a message. */
+static int replay_sweep(const struct plan_options *options, const struct replay_geometry *geometry,
+                        const struct replay_requests *requests, const struct plan_speeds *speeds,
+                        struct plan_sweep *sweep) {
+    struct guanaco_request_trace replay = replay_request_trace(geometry, requests);
+    struct guanaco_request_rows replay_rows = replay_request_rows(requests, NULL);
+    struct guanaco_pipeline_config pipeline = {
+        .predictor = options->predictor,
+        .bytes_per_second = speeds->disk_gbps * 1e9,
+        .token_seconds = speeds->compute_ms / 1e3,
+        .prompt_token_seconds = speeds->compute_ms / 1e3, /* every pass here is one token */
+    };
+    sweep->all_exact = true;
+    for (int r = 0; r < sweep->n_rows; r++) {
+        struct plan_row *row = &sweep->rows[r];
+        struct guanaco_policy_config config = {.kind = options->policy, .budget_bytes = row->budget_bytes};
+        bool exact = true;
+        struct guanaco_pipeline_stats timed;
+        int err = guanaco_simulate(&replay, &config, false, &row->expected);
+        if (err == 0) {
+            err = guanaco_belady(&replay, row->budget_bytes, &row->optimal, &exact);
+        }
+        if (err == 0) {
+            err = guanaco_simulate_pipeline(&replay, &replay_rows, &config, false, &pipeline, &timed);
+        }
+        if (err != 0) {
+            fprintf(stderr, PROG ": replaying at %.2f GiB failed: %s\n", (double)row->budget_bytes / GIB,
+                    strerror(-err));
+            return -1;
+        }
+        sweep->all_exact = sweep->all_exact && exact;
+        row->expected_percent = hit_percent(&row->expected);
+        row->optimal_percent = hit_percent(&row->optimal);
+        row->mb_per_token = (double)row->expected.bytes_read / (double)requests->n_tokens / 1e6;
+        double read_ms = row->mb_per_token * 1e6 / (speeds->disk_gbps * 1e9) * 1e3;
+        row->tokens_per_second = 1000.0 / (speeds->compute_ms + read_ms);
+        double seconds = timed.decode.overlapped_seconds + timed.prompt.overlapped_seconds;
+        row->overlapped_tokens_per_second =
+            seconds > 0 ? (double)(timed.decode.tokens + timed.prompt.tokens) / seconds : INFINITY;
+    }
+    return 0;
+}
+
+/* The unit budgets print in: small models in MiB, so the budgets do not all print as 0.00. */
+static double size_unit(const struct replay_geometry *geometry, const char **name) {
+    bool in_mib = geometry->total_expert_bytes < (4ull << 30);
+    *name = in_mib ? "MiB" : "GiB";
+    return in_mib ? MIB : GIB;
+}
+
+/* The table, one row per budget, and what its columns mean. */
+static void print_table(const struct plan_options *options, const struct plan_sweep *sweep,
+                        const struct replay_geometry *geometry, uint64_t non_expert, uint64_t n_tokens,
+                        const struct plan_speeds *speeds) {
+    const char *unit = NULL;
+    double scale = size_unit(geometry, &unit);
+    printf("\n%10s %9s %14s %11s %11s %13s %10s %11s\n", "budget", "experts", "RAM needed", "expected", "optimal",
+           "read", "expected", "overlapped");
+    printf("%10s %9s %14s %11s %11s %13s %10s %11s\n", unit, "%", unit, "resident %", "resident %", "MB/token",
+           "tok/s", "tok/s");
+    for (int r = 0; r < sweep->n_rows; r++) {
+        const struct plan_row *row = &sweep->rows[r];
+        printf("%10.2f %9.1f %14.2f %11.2f %11.2f %13.2f %10.2f %11.2f%s\n", (double)row->budget_bytes / scale,
+               100.0 * (double)row->budget_bytes / (double)geometry->total_expert_bytes,
+               ram_needed_bytes(row->budget_bytes, non_expert) / scale, row->expected_percent, row->optimal_percent,
+               row->mb_per_token, row->tokens_per_second, row->overlapped_tokens_per_second,
+               row->from_ram ? "   <- --ram" : "");
+    }
+    printf("\nresident %% = expert accesses served from RAM over %llu tokens, cold start included; RAM needed = "
+           "budget + other weights + 1 GiB + 10%% (the engine's --guanaco-ram auto rule);\n"
+           "tok/s = 1000 / (%.2f ms compute + MB/token read at %.2f GB/s), compute and reads one after the other;\n"
+           "overlapped tok/s = the engine's pipeline with %s read-ahead: each MoE layer takes its share of the "
+           "compute plus the reads it still waits for (src/simulate.h)\n",
+           (unsigned long long)n_tokens, speeds->compute_ms, speeds->disk_gbps,
+           guanaco_predictor_kind_name(options->predictor));
+    if (!sweep->all_exact) {
+        printf("note: expert sizes differ between layers, so \"optimal\" (farthest next use) is a strong heuristic "
+               "there, not a bound\n");
+    }
+}
+
+/* The budget to recommend, and why: with --ram the largest that fits it, else the knee of the curve. */
+static uint64_t choose_budget(const struct plan_options *options, const struct plan_sweep *sweep,
+                              const struct replay_geometry *geometry, uint64_t non_expert, char *why, size_t size) {
+    if (options->ram_bytes) {
+        if (sweep->ram_budget >= geometry->total_expert_bytes) {
+            snprintf(why, size, "--ram %.2f GiB holds every expert: the residency engine is not needed, "
+                     "and this budget keeps them all resident", (double)options->ram_bytes / GIB);
+        } else if (sweep->ram_at_floor) {
+            snprintf(why, size, "WARNING: --ram %.2f GiB leaves nothing for experts after %.2f GiB of "
+                     "other weights and the margin; this is the engine's floor of a quarter layer, and nearly "
+                     "every expert will come from disk", (double)options->ram_bytes / GIB, (double)non_expert / GIB);
+        } else {
+            snprintf(why, size, "the largest budget that fits --ram %.2f GiB: minus %.2f GiB of other "
+                     "weights and a margin of 1 GiB + 10%%, as --guanaco-ram auto would compute",
+                     (double)options->ram_bytes / GIB, (double)non_expert / GIB);
+        }
+        return sweep->ram_budget;
+    }
+    int knee = knee_row(sweep->rows, sweep->n_rows);
+    if (knee >= 0) {
+        snprintf(why, size, "the knee of the expected resident %% curve: the budget farthest above "
+                 "the straight line from the smallest to the largest budget, with both axes scaled to 0..1; "
+                 "past it each GiB buys fewer hits than the average GiB. Give --ram for the largest that fits");
+        return sweep->rows[knee].budget_bytes;
+    }
+    snprintf(why, size, "the curve has no knee (every GiB helps as much as the last), so all the "
+             "experts. Give --ram for the largest budget that fits");
+    return geometry->total_expert_bytes;
+}
+
+/* The recommendation, in the form --guanaco-ram takes: whole MiB, rounded down. */
+static void print_recommendation(const struct plan_options *options, const struct plan_sweep *sweep,
+                                 const struct replay_geometry *geometry, uint64_t non_expert) {
+    char why[400];
+    uint64_t recommended = choose_budget(options, sweep, geometry, non_expert, why, sizeof(why));
+    const char *unit = NULL;
+    double scale = size_unit(geometry, &unit);
+    /* a budget that must fit --ram is rounded down; a knee to the nearest MiB */
+    uint64_t recommended_mib = options->ram_bytes ? recommended >> 20 : (recommended + (1ull << 19)) >> 20;
+    printf("\nrecommended  --guanaco-ram %lluM  (%.2f %s: %s)\n",
+           (unsigned long long)(recommended_mib ? recommended_mib : 1), (double)recommended / scale, unit, why);
+}
+
 int main(int argc, char **argv) {
     struct plan_options options = {0};
     int status = parse_options(argc, argv, &options);
@@ -485,239 +788,30 @@ int main(int argc, char **argv) {
     bool have_manifest = false;
     struct replay_geometry geometry = {0};
     struct replay_requests requests = {0};
-    uint8_t *moe_layer = NULL;
-
-    int err = guanaco_manifest_load(options.models[0], options.n_models > 1 ? options.models : NULL,
-                                    options.n_models > 1 ? options.n_models : 0, &manifest);
-    if (err != 0) {
-        fprintf(stderr, PROG ": cannot read the model %s: %s\n", options.models[0], strerror(-err));
-        goto done;
-    }
-    have_manifest = true;
-    if (manifest.n_tensors == 0) {
-        fprintf(stderr, PROG ": %s is a dense model (no expert tensors): Guanaco passes it through to plain "
-                        "llama.cpp, so there is no budget to plan\n", options.models[0]);
-        goto done;
-    }
-    if (replay_geometry_from_manifest(PROG, &manifest, options.models[0], &geometry) != 0) {
+    if (load_model(&options, &manifest, &have_manifest, &geometry) != 0) {
         goto done;
     }
     uint64_t non_expert = manifest.total_bytes - manifest.expert_bytes;
-    printf("model        %s: %u layers, %u with experts, %u experts each, top-%u\n", geometry.description,
-           geometry.n_layer, geometry.n_moe_layers, geometry.n_expert, geometry.top_k);
-    printf("weights      experts %.3f GiB, other weights %.3f GiB\n", (double)geometry.total_expert_bytes / GIB,
-           (double)non_expert / GIB);
-
-    /* routing: the recorded traces, or a synthetic one of the model's own shape */
-    requests.start = calloc(1, sizeof(*requests.start));
-    moe_layer = calloc(geometry.n_layer, 1);
-    if (!requests.start || !moe_layer) {
-        fprintf(stderr, PROG ": out of memory\n");
+    print_model(&geometry, non_expert);
+    struct plan_speeds speeds = {0};
+    if (load_routing(&options, &manifest, &geometry, &requests) != 0 ||
+        resolve_disk_gbps(&options, &manifest, &speeds.disk_gbps) != 0 ||
+        resolve_compute_ms(&options, &geometry, non_expert, &speeds.compute_ms) != 0) {
         goto done;
-    }
-    for (size_t t = 0; t < options.n_traces; t++) {
-        char source[256];
-        if (replay_add_trace_file(PROG, options.traces[t], &geometry, &requests, source, sizeof(source), false) != 0) {
-            goto done;
-        }
-        printf("routing      %s: recorded (%s)\n", options.traces[t], source);
-    }
-    if (options.n_traces == 0) {
-        const struct guanaco_synth_preset *preset = guanaco_synth_preset_closest(geometry.n_expert, geometry.top_k);
-        struct guanaco_synth_params params = preset->params;
-        params.n_layer = geometry.n_layer;
-        params.n_expert = geometry.n_expert;
-        params.top_k = geometry.top_k;
-        for (uint32_t l = 0; l < geometry.n_layer; l++) {
-            moe_layer[l] = geometry.expert_bytes[l] > 0;
-        }
-        params.moe_layer = moe_layer;
-        if (options.tokens) params.tokens = (uint32_t)options.tokens;
-        if (options.have_seed) params.seed = options.seed;
-        struct guanaco_trace trace;
-        err = guanaco_synth_trace(&params, manifest.arch, preset->name, &trace);
-        if (err != 0) {
-            fprintf(stderr, PROG ": cannot generate the synthetic routing: %s\n", strerror(-err));
-            goto done;
-        }
-        err = replay_append_trace(PROG, &requests, &trace, "the synthetic trace", &geometry, false);
-        guanaco_trace_free(&trace);
-        if (err != 0) {
-            goto done;
-        }
-        printf("routing      SYNTHETIC, not this model's own: preset %s, the closest to %u experts top-%u "
-               "(%u x %u tokens, seed %llu).\n"
-               "             For a prediction from real routing, record some with --guanaco-trace-out FILE and pass "
-               "--trace FILE.\n",
-               preset->name, geometry.n_expert, geometry.top_k, params.sequences, params.tokens,
-               (unsigned long long)params.seed);
-    }
-    if (requests.n_requests == 0) {
-        fprintf(stderr, PROG ": the traces hold no routing decisions: nothing to replay\n");
-        goto done;
-    }
-
-    /* disk and compute: given, or measured */
-    double disk_gbps = options.disk_gbps, compute_ms = options.compute_ms;
-    if (options.have_disk_gbps) {
-        printf("disk         %.2f GB/s, given by --disk-gbps\n", disk_gbps);
-    } else {
-        struct disk_speed speed = {0};
-        err = measure_disk(&manifest, &speed);
-        if (err != 0) {
-            fprintf(stderr, PROG ": measuring the disk failed (%s): give --disk-gbps X instead\n", strerror(-err));
-            goto done;
-        }
-        disk_gbps = speed.gbps;
-        printf("disk         %.2f GB/s, measured: %.0f MiB in %zu expert slices in random order, queue depth %u, "
-               "%s, %s%s\n",
-               disk_gbps, (double)speed.bytes / MIB, speed.slices, DISK_QUEUE_DEPTH,
-               guanaco_io_backend_name(speed.backend),
-               speed.direct ? "O_DIRECT" : "buffered (O_DIRECT refused by the file system; the slices were dropped "
-                                           "from the page cache first)",
-               speed.bytes < DISK_SAMPLE_BYTES ? "; that is all of the model's expert slices" : "");
-    }
-    uint64_t touched = non_expert;
-    for (uint32_t l = 0; l < geometry.n_layer; l++) {
-        touched += (uint64_t)geometry.top_k * geometry.expert_bytes[l];
-    }
-    if (options.have_compute_ms) {
-        printf("compute      %.2f ms per token, given by --compute-ms\n", compute_ms);
-    } else {
-        double memory_gbps = measure_memory_gbps();
-        if (memory_gbps <= 0) {
-            fprintf(stderr, PROG ": measuring the memory bandwidth failed: give --compute-ms Y instead\n");
-            goto done;
-        }
-        compute_ms = (double)touched / (memory_gbps * 1e9) * 1e3;
-        printf("compute      %.2f ms per token, an ESTIMATE: %.2f GiB of weights touched per token (non-expert + "
-               "top-%u experts per layer) / %.1f GB/s read by one thread; give --compute-ms for a measured value\n",
-               compute_ms, (double)touched / GIB, geometry.top_k, memory_gbps);
     }
     printf("policy       %s, against Belady's optimum (\"optimal\") over the same routing\n",
            guanaco_policy_kind_name(options.policy));
-
-    /* the sweep: every tenth of the expert bytes, and the budget --ram leads to */
-    struct plan_row rows[SWEEP_STEPS + 1];
-    int n_rows = 0;
-    for (int step = 1; step <= SWEEP_STEPS; step++) {
-        rows[n_rows++] = (struct plan_row){
-            .budget_bytes = (uint64_t)((double)geometry.total_expert_bytes * step / SWEEP_STEPS)};
+    struct plan_sweep sweep;
+    make_sweep(&options, &manifest, &geometry, &sweep);
+    if (replay_sweep(&options, &geometry, &requests, &speeds, &sweep) != 0) {
+        goto done;
     }
-    bool ram_at_floor = false;
-    uint64_t ram_budget = 0;
-    if (options.ram_bytes) {
-        ram_budget = budget_for_ram(options.ram_bytes, &manifest, &ram_at_floor);
-        if (ram_budget > geometry.total_expert_bytes) {
-            ram_budget = geometry.total_expert_bytes;
-        }
-        rows[n_rows++] = (struct plan_row){.budget_bytes = ram_budget, .from_ram = true};
-        qsort(rows, (size_t)n_rows, sizeof(rows[0]), compare_rows);
-    }
-    struct guanaco_request_trace replay = replay_request_trace(&geometry, &requests);
-    struct guanaco_request_rows replay_rows = replay_request_rows(&requests, NULL);
-    struct guanaco_pipeline_config pipeline = {
-        .predictor = options.predictor,
-        .bytes_per_second = disk_gbps * 1e9,
-        .token_seconds = compute_ms / 1e3,
-        .prompt_token_seconds = compute_ms / 1e3, /* every pass here is one token */
-    };
-    bool all_exact = true;
-    for (int r = 0; r < n_rows; r++) {
-        struct plan_row *row = &rows[r];
-        struct guanaco_policy_config config = {.kind = options.policy, .budget_bytes = row->budget_bytes};
-        bool exact = true;
-        struct guanaco_pipeline_stats timed;
-        err = guanaco_simulate(&replay, &config, false, &row->expected);
-        if (err == 0) {
-            err = guanaco_belady(&replay, row->budget_bytes, &row->optimal, &exact);
-        }
-        if (err == 0) {
-            err = guanaco_simulate_pipeline(&replay, &replay_rows, &config, false, &pipeline, &timed);
-        }
-        if (err != 0) {
-            fprintf(stderr, PROG ": replaying at %.2f GiB failed: %s\n", (double)row->budget_bytes / GIB,
-                    strerror(-err));
-            goto done;
-        }
-        all_exact = all_exact && exact;
-        row->expected_percent = hit_percent(&row->expected);
-        row->optimal_percent = hit_percent(&row->optimal);
-        row->mb_per_token = (double)row->expected.bytes_read / (double)requests.n_tokens / 1e6;
-        double read_ms = row->mb_per_token * 1e6 / (disk_gbps * 1e9) * 1e3;
-        row->tokens_per_second = 1000.0 / (compute_ms + read_ms);
-        double seconds = timed.decode.overlapped_seconds + timed.prompt.overlapped_seconds;
-        row->overlapped_tokens_per_second =
-            seconds > 0 ? (double)(timed.decode.tokens + timed.prompt.tokens) / seconds : INFINITY;
-    }
-
-    /* small models in MiB, so the budgets do not all print as 0.00 */
-    bool in_mib = geometry.total_expert_bytes < (4ull << 30);
-    const char *unit = in_mib ? "MiB" : "GiB";
-    double scale = in_mib ? MIB : GIB;
-    printf("\n%10s %9s %14s %11s %11s %13s %10s %11s\n", "budget", "experts", "RAM needed", "expected", "optimal",
-           "read", "expected", "overlapped");
-    printf("%10s %9s %14s %11s %11s %13s %10s %11s\n", unit, "%", unit, "resident %", "resident %", "MB/token",
-           "tok/s", "tok/s");
-    for (int r = 0; r < n_rows; r++) {
-        const struct plan_row *row = &rows[r];
-        printf("%10.2f %9.1f %14.2f %11.2f %11.2f %13.2f %10.2f %11.2f%s\n", (double)row->budget_bytes / scale,
-               100.0 * (double)row->budget_bytes / (double)geometry.total_expert_bytes,
-               ram_needed_bytes(row->budget_bytes, non_expert) / scale, row->expected_percent, row->optimal_percent,
-               row->mb_per_token, row->tokens_per_second, row->overlapped_tokens_per_second,
-               row->from_ram ? "   <- --ram" : "");
-    }
-    printf("\nresident %% = expert accesses served from RAM over %llu tokens, cold start included; RAM needed = "
-           "budget + other weights + 1 GiB + 10%% (the engine's --guanaco-ram auto rule);\n"
-           "tok/s = 1000 / (%.2f ms compute + MB/token read at %.2f GB/s), compute and reads one after the other;\n"
-           "overlapped tok/s = the engine's pipeline with %s read-ahead: each MoE layer takes its share of the "
-           "compute plus the reads it still waits for (src/simulate.h)\n",
-           (unsigned long long)requests.n_tokens, compute_ms, disk_gbps,
-           guanaco_predictor_kind_name(options.predictor));
-    if (!all_exact) {
-        printf("note: expert sizes differ between layers, so \"optimal\" (farthest next use) is a strong heuristic "
-               "there, not a bound\n");
-    }
-
-    /* the recommendation, in the form --guanaco-ram takes: whole MiB, rounded down */
-    uint64_t recommended = 0;
-    char why[400];
-    if (options.ram_bytes) {
-        recommended = ram_budget;
-        if (ram_budget >= geometry.total_expert_bytes) {
-            snprintf(why, sizeof(why), "--ram %.2f GiB holds every expert: the residency engine is not needed, "
-                     "and this budget keeps them all resident", (double)options.ram_bytes / GIB);
-        } else if (ram_at_floor) {
-            snprintf(why, sizeof(why), "WARNING: --ram %.2f GiB leaves nothing for experts after %.2f GiB of "
-                     "other weights and the margin; this is the engine's floor of a quarter layer, and nearly "
-                     "every expert will come from disk", (double)options.ram_bytes / GIB, (double)non_expert / GIB);
-        } else {
-            snprintf(why, sizeof(why), "the largest budget that fits --ram %.2f GiB: minus %.2f GiB of other "
-                     "weights and a margin of 1 GiB + 10%%, as --guanaco-ram auto would compute",
-                     (double)options.ram_bytes / GIB, (double)non_expert / GIB);
-        }
-    } else {
-        int knee = knee_row(rows, n_rows);
-        if (knee >= 0) {
-            recommended = rows[knee].budget_bytes;
-            snprintf(why, sizeof(why), "the knee of the expected resident %% curve: the budget farthest above "
-                     "the straight line from the smallest to the largest budget, with both axes scaled to 0..1; "
-                     "past it each GiB buys fewer hits than the average GiB. Give --ram for the largest that fits");
-        } else {
-            recommended = geometry.total_expert_bytes;
-            snprintf(why, sizeof(why), "the curve has no knee (every GiB helps as much as the last), so all the "
-                     "experts. Give --ram for the largest budget that fits");
-        }
-    }
-    /* a budget that must fit --ram is rounded down; a knee to the nearest MiB */
-    uint64_t recommended_mib = options.ram_bytes ? recommended >> 20 : (recommended + (1ull << 19)) >> 20;
-    printf("\nrecommended  --guanaco-ram %lluM  (%.2f %s: %s)\n",
-           (unsigned long long)(recommended_mib ? recommended_mib : 1), (double)recommended / scale, unit, why);
+    print_table(&options, &sweep, &geometry, non_expert, requests.n_tokens, &speeds);
+    print_recommendation(&options, &sweep, &geometry, non_expert);
     status = 0;
 done:
     replay_requests_free(&requests);
     free(geometry.expert_bytes);
-    free(moe_layer);
     if (have_manifest) guanaco_manifest_free(&manifest);
     free(options.models);
     free(options.traces);
