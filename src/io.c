@@ -96,12 +96,12 @@ struct guanaco_io {
 /* user_data of the eventfd read that wakes the driver */
 #define WAKE_TAG UINT64_MAX
 
+#define NAME_ENTRY(name) name,
+static const char *const backend_names[] = {GUANACO_IO_BACKEND_NAMES(NAME_ENTRY)};
+_Static_assert(sizeof(backend_names) / sizeof(backend_names[0]) == GUANACO_IO_THREADS + 1, "one name per backend");
+
 const char *guanaco_io_backend_name(enum guanaco_io_backend backend) {
-    switch (backend) {
-    case GUANACO_IO_URING: return "io_uring";
-    case GUANACO_IO_THREADS: return "threads";
-    }
-    return "unknown";
+    return (unsigned)backend <= GUANACO_IO_THREADS ? backend_names[backend] : "unknown";
 }
 
 void guanaco_io_inject_fault(struct guanaco_io *io, uint64_t after_bytes, int error) {

@@ -26,6 +26,10 @@
 
 enum guanaco_io_backend { GUANACO_IO_URING, GUANACO_IO_THREADS };
 
+/* Each backend's name, in enum order, X(name) per backend: guanaco_io_backend_name's answers, the log
+   lines' and --guanaco-io's values (options.c expands it too, without linking io.c). */
+#define GUANACO_IO_BACKEND_NAMES(X) X("io_uring") X("threads")
+
 /* Offsets, lengths and destinations on an O_DIRECT fd must be multiples of this. */
 #define GUANACO_IO_DIRECT_ALIGNMENT 4096u
 

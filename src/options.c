@@ -9,6 +9,7 @@
  * flags out of argv here keeps the patch series to one call per parser.
  */
 #include "guanaco.h"
+#include "io.h"
 #include "log.h"
 #include "policy.h"
 #include "predictor.h"
@@ -31,13 +32,14 @@ struct option_spec {
 };
 
 static const char *const readahead_choices[] = {"random", "normal", "sequential", NULL};
-/* Index = enum guanaco_policy_kind and enum guanaco_io_backend (src/policy.h, src/io.h). */
-static const char *const policy_choices[] = {"lru", "lfu", "layer-lru", "guanaco", NULL};
-static const char *const io_choices[] = {"uring", "threads", NULL};
+/* The policies', predictors' and io backends' names are their modules' lists (policy.h, predictor.h, io.h),
+   index = their enum. */
+#define CHOICE(name) name,
+static const char *const policy_choices[] = {GUANACO_POLICY_KIND_NAMES(CHOICE) NULL};
+static const char *const io_choices[] = {GUANACO_IO_BACKEND_NAMES(CHOICE) NULL};
+static const char *const prefetch_choices[] = {GUANACO_PREDICTOR_KIND_NAMES(CHOICE) NULL};
 /* Index = enum guanaco_load_mode (guanaco.h). */
 static const char *const load_choices[] = {"page-cache", "direct", NULL};
-/* Index = enum guanaco_predictor_kind (src/predictor.h). */
-static const char *const prefetch_choices[] = {"none", "pilot", "gate", NULL};
 /* OPTION_FRACTION values are kept in millionths. */
 #define FRACTION_SCALE 1000000.0
 
@@ -69,7 +71,8 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_POLICY] = {"guanaco-policy", "GUANACO_POLICY", OPTION_CHOICE, policy_choices,
                        "replacement policy of the residency engine (default: layer-lru, measured)"},
     [OPTION_IO] = {"guanaco-io", "GUANACO_IO", OPTION_CHOICE, io_choices,
-                   "how expert reads are issued (default: uring, measured faster; GUANACO_IO_URING=0 means threads)"},
+                   "how expert reads are issued (default: io_uring, measured faster; uring is accepted for "
+                   "io_uring; GUANACO_IO_URING=0 means threads)"},
     [OPTION_LOAD] = {"guanaco-load", "GUANACO_LOAD", OPTION_CHOICE, load_choices,
                      "how a missing expert is made resident: page-cache (buffered reads, then mapped) or direct "
                      "(O_DIRECT into anonymous pages placed over the mapping) (default: page-cache, measured faster)"},
@@ -96,6 +99,16 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                           "weight as llama.cpp chooses; the configuration streaming's logits equal bit for bit"},
 };
 
+/* Another name a choice is also accepted under: "uring" was io_uring's spelling on --guanaco-io until the
+   flag took the backend's own name, and scripts may still say it. */
+static const struct {
+    enum option_id id;
+    const char *alias;
+    int value;
+} choice_aliases[] = {
+    {OPTION_IO, "uring", GUANACO_IO_URING},
+};
+
 struct option_state {
     int value[OPTION_COUNT];
     uint64_t number[OPTION_COUNT]; /* OPTION_SIZE (0 = auto) and OPTION_NUMBER */
@@ -114,7 +127,7 @@ static int default_value(enum option_id id) {
     case OPTION_AUDIT: return 1;
     case OPTION_PRELOAD: return 1;
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
-    case OPTION_IO: return 0;     /* uring */
+    case OPTION_IO: return GUANACO_IO_URING;
     case OPTION_LOAD: return GUANACO_LOAD_PAGE_CACHE; /* measured faster: README "Making experts resident" */
     case OPTION_PREFETCH: return GUANACO_PREDICTOR_PILOT;
     default: return 0;
@@ -236,6 +249,12 @@ static int parse_value(const struct option_spec *spec, const char *source, const
         for (int i = 0; spec->choices[i]; i++) {
             if (strcmp(text, spec->choices[i]) == 0) { *value = i; return 0; }
         }
+        for (size_t i = 0; i < sizeof(choice_aliases) / sizeof(choice_aliases[0]); i++) {
+            if (spec == &option_specs[choice_aliases[i].id] && strcmp(text, choice_aliases[i].alias) == 0) {
+                *value = choice_aliases[i].value;
+                return 0;
+            }
+        }
     }
     char accepted[128];
     describe_accepted(spec, accepted, sizeof(accepted));
@@ -275,7 +294,7 @@ static int read_io_uring_switch(int *io) {
     if (parse_value(&spec, spec.env, text, &on, &(uint64_t){0}) < 0) {
         return -EINVAL;
     }
-    *io = on ? 0 : 1; /* io_choices: uring, threads */
+    *io = on ? GUANACO_IO_URING : GUANACO_IO_THREADS;
     return 0;
 }
 

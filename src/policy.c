@@ -42,12 +42,10 @@ struct guanaco_policy {
     void *impl;
 };
 
-static const char *const kind_names[] = {
-    [GUANACO_POLICY_LRU] = "lru",
-    [GUANACO_POLICY_LFU] = "lfu",
-    [GUANACO_POLICY_LAYER_LRU] = "layer-lru",
-    [GUANACO_POLICY_GUANACO] = "guanaco",
-};
+#define NAME_ENTRY(name) name,
+#define NAME_JOINED(name) "|" name
+static const char *const kind_names[] = {GUANACO_POLICY_KIND_NAMES(NAME_ENTRY)};
+static const char kind_names_joined[] = GUANACO_POLICY_KIND_NAMES(NAME_JOINED); /* "|lru|lfu|..." */
 #define KIND_COUNT (sizeof(kind_names) / sizeof(kind_names[0]))
 
 static const guanaco_policy_create_fn kind_create[] = {
@@ -56,6 +54,7 @@ static const guanaco_policy_create_fn kind_create[] = {
     [GUANACO_POLICY_LAYER_LRU] = guanaco_policy_layer_lru_create,
     [GUANACO_POLICY_GUANACO] = guanaco_policy_guanaco_create,
 };
+_Static_assert(sizeof(kind_create) / sizeof(kind_create[0]) == KIND_COUNT, "one name per policy kind");
 
 int guanaco_policy_kind_from_name(const char *name, enum guanaco_policy_kind *kind) {
     for (size_t i = 0; name && i < KIND_COUNT; i++) {
@@ -75,7 +74,7 @@ const char *guanaco_policy_kind_name(enum guanaco_policy_kind kind) {
 }
 
 const char *guanaco_policy_kind_names(void) {
-    return "lru|lfu|layer-lru|guanaco";
+    return kind_names_joined + 1;
 }
 
 double guanaco_policy_decayed_add(double key, double time, double amount) {

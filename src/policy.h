@@ -49,6 +49,11 @@ enum guanaco_policy_kind {
     GUANACO_POLICY_GUANACO,
 };
 
+/* Each kind's name as users type it (--guanaco-policy, the tools' --policy), in enum order: the one list
+   that policy.c's lookups and options.c's choices expand, X(name) per kind. A macro, so that options.c
+   (and its fuzz harness) takes the names without linking the policies. */
+#define GUANACO_POLICY_KIND_NAMES(X) X("lru") X("lfu") X("layer-lru") X("guanaco")
+
 /* What --guanaco-policy means when it is not given (src/options.c uses this):
    layer-lru, best or tied at every budget on the recorded Mixtral traces
    (guanaco-sim, README) at O(1) per access; global lru collapses below one
@@ -73,10 +78,10 @@ struct guanaco_policy_config {
 
 struct guanaco_policy;
 
-/* The kind called `name` (lru, lfu, layer-lru, guanaco): 0, or -EINVAL. */
+/* The kind called `name` (GUANACO_POLICY_KIND_NAMES): 0, or -EINVAL. */
 int guanaco_policy_kind_from_name(const char *name, enum guanaco_policy_kind *kind);
 const char *guanaco_policy_kind_name(enum guanaco_policy_kind kind);
-/* "lru|lfu|layer-lru|guanaco", for messages that list the accepted values. */
+/* The names joined with '|' ("lru|lfu|..."), for messages that list the accepted values. */
 const char *guanaco_policy_kind_names(void);
 
 /* Allocates everything the policy will ever need. 0, -EINVAL (bad config) or -ENOMEM. */

@@ -22,12 +22,12 @@ struct guanaco_predictor {
     void *impl;
 };
 
-static const char *const kind_names[] = {
-    [GUANACO_PREDICTOR_NONE] = "none",
-    [GUANACO_PREDICTOR_PILOT] = "pilot",
-    [GUANACO_PREDICTOR_GATE] = "gate",
-};
+#define NAME_ENTRY(name) name,
+#define NAME_JOINED(name) "|" name
+static const char *const kind_names[] = {GUANACO_PREDICTOR_KIND_NAMES(NAME_ENTRY)};
+static const char kind_names_joined[] = GUANACO_PREDICTOR_KIND_NAMES(NAME_JOINED); /* "|none|pilot|gate" */
 #define KIND_COUNT (sizeof(kind_names) / sizeof(kind_names[0]))
+_Static_assert(KIND_COUNT == GUANACO_PREDICTOR_GATE + 1, "one name per predictor kind");
 
 int guanaco_predictor_kind_from_name(const char *name, enum guanaco_predictor_kind *kind) {
     if (!name || !kind) {
@@ -47,7 +47,7 @@ const char *guanaco_predictor_kind_name(enum guanaco_predictor_kind kind) {
 }
 
 const char *guanaco_predictor_kind_names(void) {
-    return "none|pilot|gate";
+    return kind_names_joined + 1;
 }
 
 static int check_config(const struct guanaco_predictor_config *config) {

@@ -28,6 +28,10 @@ enum guanaco_predictor_kind {
     GUANACO_PREDICTOR_GATE,  /* the next layer's router on this layer's input; pilot when there are no scores */
 };
 
+/* Each kind's name as users type it (--guanaco-prefetch, the tools' --predictor), in enum order, X(name)
+   per kind: expanded by predictor.c and options.c, as GUANACO_POLICY_KIND_NAMES is. */
+#define GUANACO_PREDICTOR_KIND_NAMES(X) X("none") X("pilot") X("gate")
+
 struct guanaco_predictor_config {
     enum guanaco_predictor_kind kind;
     uint32_t n_layer, n_expert, top_k;
@@ -65,7 +69,7 @@ struct guanaco_predictor_recall {
 
 int guanaco_predictor_kind_from_name(const char *name, enum guanaco_predictor_kind *kind); /* 0 or -EINVAL */
 const char *guanaco_predictor_kind_name(enum guanaco_predictor_kind kind);
-const char *guanaco_predictor_kind_names(void); /* "none|pilot|gate" */
+const char *guanaco_predictor_kind_names(void); /* joined with '|': "none|pilot|gate" */
 
 /* 0, -EINVAL (bad config: no layers or experts, top_k 0 or above n_expert, mass outside (0, 1], a
    negative or non-finite half_life, an unknown kind), -E2BIG (pilot's tables would exceed

@@ -323,6 +323,7 @@ static void test_names_and_errors(void) {
     }
     CHECK(guanaco_policy_kind_from_name("belady", &kind) == -EINVAL);
     CHECK(strstr(guanaco_policy_kind_names(), guanaco_policy_kind_name(GUANACO_POLICY_DEFAULT)) != NULL);
+    CHECK(strcmp(guanaco_policy_kind_names(), "lru|lfu|layer-lru|guanaco") == 0); /* joined from the one list */
 
     uint64_t bytes[2] = {0, 100};
     struct guanaco_policy_config bad = {.kind = GUANACO_POLICY_LRU, .n_layer = 0, .n_expert = 4, .expert_bytes = bytes};

@@ -7,7 +7,10 @@
  */
 #include "engine.h"
 #include "guanaco.h"
+#include "io.h"
 #include "manifest.h"
+#include "policy.h"
+#include "predictor.h"
 
 #include "gguf.h"
 
@@ -43,7 +46,7 @@ static void test_options(void) {
     CHECK(guanaco_options_get(&options) == 0 && !options.streaming && options.readahead == GUANACO_READAHEAD_NORMAL);
     /* the residency defaults the README states */
     CHECK(options.load == GUANACO_LOAD_PAGE_CACHE && options.status_every == GUANACO_DEFAULT_STATUS_EVERY &&
-          options.audit && options.preload && options.io == 0 /* uring */ && options.policy == 2 /* layer-lru */);
+          options.audit && options.preload && options.io == GUANACO_IO_URING && options.policy == 2 /* layer-lru */);
     /* read-ahead is on by default with the pilot predictor and its own default mass */
     CHECK(options.prefetch == 1 /* pilot */ && options.pilot_mass == 0.0);
     setenv("GUANACO_PREFETCH", "none", 1);
@@ -56,8 +59,29 @@ static void test_options(void) {
     unsetenv("GUANACO_PILOT_MASS");
     setenv("GUANACO_IO_URING", "0", 1); /* the documented switch to the pread pool */
     CHECK(guanaco_options_get(&options) == 0 && options.io == 1);
-    setenv("GUANACO_IO", "uring", 1); /* the named option wins over the switch */
-    CHECK(guanaco_options_get(&options) == 0 && options.io == 0);
+    setenv("GUANACO_IO", "io_uring", 1); /* the named option wins over the switch; the backend's own name */
+    CHECK(guanaco_options_get(&options) == 0 && options.io == GUANACO_IO_URING);
+    CHECK(strcmp(guanaco_io_backend_name(GUANACO_IO_URING), "io_uring") == 0); /* what the log lines say */
+    setenv("GUANACO_IO", "uring", 1); /* the flag's earlier spelling is still accepted */
+    CHECK(guanaco_options_get(&options) == 0 && options.io == GUANACO_IO_URING);
+    setenv("GUANACO_IO", "io-uring", 1); /* an alias is one exact name, not a loose match */
+    CHECK(guanaco_options_get(&options) == -EINVAL);
+    unsetenv("GUANACO_IO");
+    /* Every name the policy, predictor and io modules give is a value of the flag, meaning that kind. */
+    for (int kind = GUANACO_POLICY_LRU; kind <= GUANACO_POLICY_GUANACO; kind++) {
+        setenv("GUANACO_POLICY", guanaco_policy_kind_name((enum guanaco_policy_kind)kind), 1);
+        CHECK(guanaco_options_get(&options) == 0 && options.policy == kind);
+    }
+    unsetenv("GUANACO_POLICY");
+    for (int kind = GUANACO_PREDICTOR_NONE; kind <= GUANACO_PREDICTOR_GATE; kind++) {
+        setenv("GUANACO_PREFETCH", guanaco_predictor_kind_name((enum guanaco_predictor_kind)kind), 1);
+        CHECK(guanaco_options_get(&options) == 0 && options.prefetch == kind);
+    }
+    unsetenv("GUANACO_PREFETCH");
+    for (int backend = GUANACO_IO_URING; backend <= GUANACO_IO_THREADS; backend++) {
+        setenv("GUANACO_IO", guanaco_io_backend_name((enum guanaco_io_backend)backend), 1);
+        CHECK(guanaco_options_get(&options) == 0 && options.io == backend);
+    }
     unsetenv("GUANACO_IO");
     setenv("GUANACO_IO_URING", "maybe", 1);
     CHECK(guanaco_options_get(&options) == -EINVAL);
