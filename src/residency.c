@@ -44,8 +44,8 @@
 #define POPULATE_RETRIES 100
 /* Pages per edge read slot: a slice with no whole page inside spans at most two. */
 #define EDGE_SLOT_PAGES 2
-/* Read-ahead requests are at most this long; io.c cuts them into the kernel's WILLNEED pieces. */
-#define PREFETCH_REQUEST_BYTES (8u << 20)
+/* Most bytes one read-ahead run spans in one tensor (it is cut into GUANACO_IO_ADVISE_BYTES requests). */
+#define PREFETCH_SPAN_BYTES (8u << 20)
 /* VMAs left to the rest of the process when LOAD_DIRECT sizes its worst case against vm.max_map_count. */
 #define VMA_RESERVE 8192
 
@@ -159,7 +159,7 @@ static const char *address_of(const struct tensor *t, uint64_t offset) {
     return t->mapped + (offset - t->begin);
 }
 
-/* Consecutive experts one read-ahead run may span: as many as fit in one request of the widest slice. */
+/* Consecutive experts one read-ahead run may span: as many as fit in PREFETCH_SPAN_BYTES of the widest slice. */
 static uint32_t prefetch_run_experts(const struct guanaco_residency *r, uint32_t layer) {
     uint64_t widest = 0;
     const struct layer *l = &r->layers[layer];
@@ -167,7 +167,7 @@ static uint32_t prefetch_run_experts(const struct guanaco_residency *r, uint32_t
         uint64_t stride = r->tensors[l->first_tensor + k].stride;
         widest = stride > widest ? stride : widest;
     }
-    uint64_t n = widest ? PREFETCH_REQUEST_BYTES / widest : 1;
+    uint64_t n = widest ? PREFETCH_SPAN_BYTES / widest : 1;
     return n ? (uint32_t)(n < r->n_expert ? n : r->n_expert) : 1;
 }
 
@@ -455,8 +455,8 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     if ((err = prefetch_create(r, config)) != 0) {
         goto fail;
     }
-    /* Demand reads are cut to GUANACO_RESIDENCY_CHUNK_BYTES here; read-ahead goes in larger pieces. */
-    err = guanaco_io_create(config->io_backend, r->queue_depth, PREFETCH_REQUEST_BYTES, &r->io);
+    /* Demand reads are cut to GUANACO_RESIDENCY_CHUNK_BYTES here, read-ahead to GUANACO_IO_ADVISE_BYTES. */
+    err = guanaco_io_create(config->io_backend, r->queue_depth, GUANACO_RESIDENCY_CHUNK_BYTES, &r->io);
     if (err != 0) {
         if (err != -ENOSYS) { /* -ENOSYS is the caller's cue to fall back to threads, not an error */
             guanaco_log_error("residency: cannot create the %s reader: %s", guanaco_io_backend_name(config->io_backend),
@@ -492,15 +492,14 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
     if (config->prefetch_bytes == 0 || r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
         return 0;
     }
-    /* A run's requests: each tensor's span of the run in PREFETCH_REQUEST_BYTES pieces (io.c cuts them
-       further for the kernel), one more for a span that starts mid-piece. */
+    /* A run's requests: each tensor's span of the run in GUANACO_IO_ADVISE_BYTES pieces (see settle_issued). */
     for (uint32_t l = 0; l < r->n_layer; l++) {
         const struct layer *layer = &r->layers[l];
         uint32_t run_experts = prefetch_run_experts(r, l);
         size_t requests = 0;
         for (uint32_t k = 0; k < layer->n_tensors; k++) {
             uint64_t span = r->tensors[layer->first_tensor + k].stride * run_experts;
-            requests += (size_t)((span + PREFETCH_REQUEST_BYTES - 1) / PREFETCH_REQUEST_BYTES) + 1;
+            requests += (size_t)((span + GUANACO_IO_ADVISE_BYTES - 1) / GUANACO_IO_ADVISE_BYTES);
         }
         r->max_run_requests = requests > r->max_run_requests ? requests : r->max_run_requests;
     }
@@ -966,42 +965,24 @@ static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, u
 static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t e);
 
 /*
- * A cancelled run's requests that were issued may still be reading into the page cache, and a page under
- * I/O cannot be dropped: map what was issued (which waits for it) so the drop that follows finds it.
+ * Waits for every read-ahead piece the run issued, so that the drop which
+ * follows finds no page still reading. A WILLNEED returns once its reads are
+ * submitted; the pages sit in the page cache locked until the disk answers,
+ * and both MADV_DONTNEED and FADV_DONTNEED skip a locked page, which then
+ * stays cached after the drop. mincore cannot tell which pages those are (it
+ * reports only pages already read), so each request is exactly one io piece
+ * (GUANACO_IO_ADVISE_BYTES, see prefetch_locked): after guanaco_io_cancel a
+ * request was either never issued (-ECANCELED) or issued whole, and mapping
+ * the issued ones waits for their reads. A request that failed may have been
+ * issued too; mapping it at worst reads what the drop then drops.
  */
-/* Waits for the reads of the pages of [a, b) that are in the page cache (reading nothing that is not): a
-   page whose read-ahead is still in flight is in the cache but locked, and a drop would skip it. */
-static void populate_cached(struct guanaco_residency *r, uint64_t a, uint64_t b) {
-    for (uint64_t at = a; at < b;) {
-        uint64_t pages = (b - at) / r->page;
-        pages = pages < AUDIT_PAGES ? pages : AUDIT_PAGES;
-        if (mincore((void *)(uintptr_t)at, pages * r->page, r->audit_vector) != 0) {
-            return;
-        }
-        for (uint64_t p = 0; p < pages;) {
-            uint64_t run = 0;
-            while (p + run < pages && (r->audit_vector[p + run] & 1)) {
-                run++;
-            }
-            if (run) {
-                (void)populate(r, (const char *)(uintptr_t)(at + p * r->page), run * r->page);
-            }
-            p += run ? run : 1;
-        }
-        at += pages * r->page;
-    }
-}
-
 static void settle_issued(struct guanaco_residency *r, const struct prefetch_run *run) {
     for (size_t q = 0; q < run->n_requests; q++) {
         const struct guanaco_io_request *req = &run->requests[q];
-        uint64_t a = page_down(r, (uint64_t)(uintptr_t)run->addresses[q]);
-        uint64_t b = page_up(r, (uint64_t)(uintptr_t)run->addresses[q] + req->length);
-        if (req->result == 0 && req->length) {
+        if (req->result != -ECANCELED && req->length) {
+            uint64_t a = page_down(r, (uint64_t)(uintptr_t)run->addresses[q]);
+            uint64_t b = page_up(r, (uint64_t)(uintptr_t)run->addresses[q] + req->length);
             (void)populate(r, (const char *)(uintptr_t)a, b - a);
-        } else if (req->result == -ECANCELED && req->length) {
-            /* cancelled inside: some of its pieces may have been issued, and may still be reading */
-            populate_cached(r, a, b);
         }
     }
 }
@@ -1175,8 +1156,9 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
-            for (uint64_t at = a; at < b && run->n_requests < r->max_run_requests; at += PREFETCH_REQUEST_BYTES) {
-                uint64_t length = b - at < PREFETCH_REQUEST_BYTES ? b - at : PREFETCH_REQUEST_BYTES;
+            /* one io piece per request: settle_issued relies on a request being issued whole or not at all */
+            for (uint64_t at = a; at < b && run->n_requests < r->max_run_requests; at += GUANACO_IO_ADVISE_BYTES) {
+                uint64_t length = b - at < GUANACO_IO_ADVISE_BYTES ? b - at : GUANACO_IO_ADVISE_BYTES;
                 run->addresses[run->n_requests] = address_of(t, at);
                 run->requests[run->n_requests++] = (struct guanaco_io_request){
                     .fd = t->fd, .offset = at, .length = length, .destination = NULL};

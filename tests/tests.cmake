@@ -114,12 +114,6 @@ if (GUANACO_SANITIZERS)
     endforeach()
     # The timing run of policy is a benchmark; under a sanitizer it only has to run.
     set_property(TEST asan_policy APPEND PROPERTY ENVIRONMENT "GUANACO_PERF_TOKENS=200")
-    # Known bug, not a TSan report: under TSan's slowdown, test_residency's read-ahead streams find 32-33 pages
-    # (one 128 KiB WILLNEED piece) of a cancelled or dropped guess still cached after the drop, in about 1 run of
-    # 3 (stray_cached at tests/test_residency.c:316). The plain residency test hits it rarely, under load. Off by
-    # default until the read-ahead cancel path waits for every piece it issued; run it with
-    # `ctest -R tsan_residency -C all` after removing this line.
-    set_tests_properties(tsan_residency PROPERTIES DISABLED TRUE)
 endif()
 
 # Each libFuzzer harness (tests/fuzz) for 60 s from the committed corpus, after replaying its saved
