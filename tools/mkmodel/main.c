@@ -3,8 +3,9 @@
  *
  * Guanaco streams MoE expert weights from disk, and its tests need real-shaped
  * MoE models while no weights can be downloaded.  This file owns the command
- * line: parsing, checking a shape against what the chosen architecture's
- * loader assumes, and running the plan and the writer.  The tables of
+ * line: parsing, choosing the architecture, quant type and vocab, checking a
+ * shape against what the chosen architecture's loader assumes, and running
+ * the plan and the writer.  The tables of
  * architectures, presets and quant types live in tables.c, the tensor plan in
  * plan.c, the random weights in weights.c and the GGUF writer in writer.c.
  *
@@ -221,14 +222,13 @@ static void apply_overrides(struct model_shape *s, const struct arch_desc *a, co
     }
 }
 
-int main(int argc, char **argv) {
-    const struct options o = parse_args(argc, argv);
-
-    const struct preset_desc *preset = find_preset(o.preset ? o.preset : "tiny");
+/* The preset and the architecture: named, known and agreeing; dies otherwise. */
+static const struct arch_desc *choose_arch(const struct options *o, const struct preset_desc **preset_out) {
+    const struct preset_desc *preset = find_preset(o->preset ? o->preset : "tiny");
     if (!preset) {
-        die("unknown preset '%s' (see --list)", o.preset);
+        die("unknown preset '%s' (see --list)", o->preset);
     }
-    const char *arch_name = o.arch ? o.arch : preset->arch;
+    const char *arch_name = o->arch ? o->arch : preset->arch;
     if (!arch_name) {
         die("--arch is required with preset %s (see --list)", preset->name);
     }
@@ -239,74 +239,106 @@ int main(int argc, char **argv) {
     if (preset->arch && strcmp(preset->arch, arch->name) != 0) {
         die("preset %s is a %s model, not %s", preset->name, preset->arch, arch->name);
     }
-    if (!o.output) {
-        die("no output file given (-o OUT.gguf)");
-    }
+    *preset_out = preset;
+    return arch;
+}
 
-    const struct quant_desc *quant = o.quant ? find_quant_by_name(o.quant)
-                                              : find_quant_by_type(arch->default_quant);
+/* --quant, or the architecture's default; dies on a type mkmodel cannot write. */
+static const struct quant_desc *choose_quant(const struct options *o, const struct arch_desc *arch) {
+    const struct quant_desc *quant = o->quant ? find_quant_by_name(o->quant)
+                                               : find_quant_by_type(arch->default_quant);
     if (!quant) {
-        die("unsupported quant type '%s' (supported: F16, Q8_0, Q4_0, Q4_K, MXFP4)", o.quant);
+        die("unsupported quant type '%s' (supported: F16, Q8_0, Q4_0, Q4_K, MXFP4)", o->quant);
     }
+    return quant;
+}
 
+/* Whether the experts are stored as one fused ffn_gate_up_exps: the flag, or the architecture's default. */
+static bool choose_fused(const struct options *o, const struct arch_desc *arch) {
     bool fused = (arch->features & F_FUSED_DEFAULT) != 0;
-    if (o.fused >= 0) {
-        if (o.fused && !(arch->features & F_FUSED_OK)) {
+    if (o->fused >= 0) {
+        if (o->fused && !(arch->features & F_FUSED_OK)) {
             die("%s does not accept a fused ffn_gate_up_exps tensor (deepseek2 and qwen35moe do)", arch->name);
         }
-        fused = o.fused != 0;
+        fused = o->fused != 0;
     }
+    return fused;
+}
 
-    struct model_shape shape = preset->arch ? preset->shape : arch->tiny;
-    apply_overrides(&shape, arch, &o);
-
-    /* resolve the vocab */
-    char vocab_path[PATH_MAX];
-    if (o.vocab) {
-        snprintf(vocab_path, sizeof vocab_path, "%s", o.vocab);
-    } else {
-        const char *dir = getenv("GUANACO_VOCAB_DIR");
-        if (!dir || !*dir) {
-            die("no vocab: pass --vocab FILE or set GUANACO_VOCAB_DIR to a directory holding %s",
-                preset->vocab_file);
-        }
-        snprintf(vocab_path, sizeof vocab_path, "%s/%s", dir, preset->vocab_file);
+/* --vocab, or the preset's vocab file in $GUANACO_VOCAB_DIR. */
+static void vocab_path_for(const struct options *o, const struct preset_desc *preset, char *path, size_t size) {
+    if (o->vocab) {
+        snprintf(path, size, "%s", o->vocab);
+        return;
     }
-    struct gguf_context *vocab = load_vocab(vocab_path, &shape.n_vocab);
+    const char *dir = getenv("GUANACO_VOCAB_DIR");
+    if (!dir || !*dir) {
+        die("no vocab: pass --vocab FILE or set GUANACO_VOCAB_DIR to a directory holding %s", preset->vocab_file);
+    }
+    snprintf(path, size, "%s/%s", dir, preset->vocab_file);
+}
 
-    struct write_job job = {
-        .arch = arch, .quant = quant, .shape = &shape, .vocab = vocab,
-        .seed = o.seed, .split_count = (int)o.split_count, .n_threads = (int)o.n_threads,
+/* What the writer needs besides the plan: the output paths, the seed, the shards, the threads and the name. */
+static void make_job(const struct options *o, const struct arch_desc *arch, const struct preset_desc *preset,
+                     const struct quant_desc *quant, const struct model_shape *shape,
+                     const struct gguf_context *vocab, struct write_job *job) {
+    *job = (struct write_job){
+        .arch = arch, .quant = quant, .shape = shape, .vocab = vocab,
+        .seed = o->seed, .split_count = (int)o->split_count, .n_threads = (int)o->n_threads,
     };
-    if (job.n_threads == 0) {
+    if (job->n_threads == 0) {
         const long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
-        job.n_threads = n_cpu < 1 ? 1 : (n_cpu > MAX_THREADS ? MAX_THREADS : (int)n_cpu);
+        job->n_threads = n_cpu < 1 ? 1 : (n_cpu > MAX_THREADS ? MAX_THREADS : (int)n_cpu);
     }
-    if (strlen(o.output) >= sizeof job.out_path - 32) {
+    if (strlen(o->output) >= sizeof job->out_path - 32) {
         die("output path too long");
     }
-    snprintf(job.out_path, sizeof job.out_path, "%s", o.output);
-    snprintf(job.prefix, sizeof job.prefix, "%s", o.output);
-    const size_t len = strlen(job.prefix);
-    if (len > 5 && strcmp(job.prefix + len - 5, ".gguf") == 0) {
-        job.prefix[len - 5] = 0;
+    snprintf(job->out_path, sizeof job->out_path, "%s", o->output);
+    snprintf(job->prefix, sizeof job->prefix, "%s", o->output);
+    const size_t len = strlen(job->prefix);
+    if (len > 5 && strcmp(job->prefix + len - 5, ".gguf") == 0) {
+        job->prefix[len - 5] = 0;
     }
-    char model_name[128];
-    snprintf(model_name, sizeof model_name, "guanaco synthetic %s %s %s seed %" PRIu64,
-             arch->name, preset->name, quant->name, o.seed);
-    job.model_name = model_name;
+    snprintf(job->model_name, sizeof job->model_name, "guanaco synthetic %s %s %s seed %" PRIu64,
+             arch->name, preset->name, quant->name, o->seed);
+}
 
-    struct tensor_plan plan = { 0 };
-    plan_model(&plan, arch, &shape, fused);
-    const int n_fallback = assign_types(&plan, quant->type);
+/* The tensors, their types (saying which fall back to a wider type) and their shards. */
+static void plan_tensors(struct tensor_plan *plan, const struct arch_desc *arch, const struct model_shape *shape,
+                         bool fused, const struct quant_desc *quant, int split_count) {
+    plan_model(plan, arch, shape, fused);
+    const int n_fallback = assign_types(plan, quant->type);
     if (n_fallback > 0) {
         fprintf(stderr, PROG ": note: %d tensor(s) use Q8_0/F16 because their rows do not fit %s blocks\n",
                 n_fallback, quant->name);
     }
-    if ((size_t)job.split_count > plan.n) {
-        die("--split-count %d exceeds the number of tensors (%zu)", job.split_count, plan.n);
+    if ((size_t)split_count > plan->n) {
+        die("--split-count %d exceeds the number of tensors (%zu)", split_count, plan->n);
     }
-    assign_shards(&plan, job.split_count);
+    assign_shards(plan, split_count);
+}
+
+int main(int argc, char **argv) {
+    const struct options o = parse_args(argc, argv);
+    const struct preset_desc *preset = NULL;
+    const struct arch_desc *arch = choose_arch(&o, &preset);
+    if (!o.output) {
+        die("no output file given (-o OUT.gguf)");
+    }
+    const struct quant_desc *quant = choose_quant(&o, arch);
+    const bool fused = choose_fused(&o, arch);
+
+    struct model_shape shape = preset->arch ? preset->shape : arch->tiny;
+    apply_overrides(&shape, arch, &o);
+
+    char vocab_path[PATH_MAX];
+    vocab_path_for(&o, preset, vocab_path, sizeof vocab_path);
+    struct gguf_context *vocab = load_vocab(vocab_path, &shape.n_vocab);
+
+    struct write_job job;
+    make_job(&o, arch, preset, quant, &shape, vocab, &job);
+    struct tensor_plan plan = { 0 };
+    plan_tensors(&plan, arch, &shape, fused, quant, job.split_count);
 
     const int rc = write_model(&job, &plan);
 

@@ -159,7 +159,7 @@ struct write_job {
     const struct arch_desc *arch;
     const struct quant_desc *quant;
     const struct model_shape *shape;
-    const char *model_name;
+    char model_name[128];  /* general.name */
     const struct gguf_context *vocab;
     uint64_t seed;
     int split_count;

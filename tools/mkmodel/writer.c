@@ -262,12 +262,11 @@ static void add_model_kv(struct gguf_context *g, const struct write_job *job) {
     job->arch->add_kv(g, job->arch->gguf_arch, job->shape);
 }
 
-/* Writes one shard: metadata first, then every tensor streamed in row chunks. */
-static bool write_shard(const struct write_job *job, const struct tensor_plan *plan, int shard,
-                        struct stream_buffers *buf, size_t *bytes_out) {
-    char path[PATH_MAX + 32];
-    shard_path(job, shard, path, sizeof path);
-
+/* The shard's GGUF header: the model's keys and the tokenizer in the first
+ * shard, gguf-split's keys when split, and the descriptors of the shard's
+ * tensors, whose ggml context goes to *meta_out.  NULL after a message. */
+static struct gguf_context *shard_header(const struct write_job *job, const struct tensor_plan *plan, int shard,
+                                         struct ggml_context **meta_out) {
     size_t n_tensors = 0;
     for (size_t i = 0; i < plan->n; i++) {
         n_tensors += plan->v[i].shard == shard;
@@ -278,7 +277,7 @@ static bool write_shard(const struct write_job *job, const struct tensor_plan *p
         add_model_kv(g, job);
         if (!copy_tokenizer_kv(g, job->vocab)) {
             gguf_free(g);
-            return false;
+            return NULL;
         }
     }
     if (job->split_count > 1) {
@@ -298,7 +297,7 @@ static bool write_shard(const struct write_job *job, const struct tensor_plan *p
     if (!meta) {
         print_error("out of memory creating tensor metadata");
         gguf_free(g);
-        return false;
+        return NULL;
     }
     for (size_t i = 0; i < plan->n; i++) {
         const struct tensor_spec *t = &plan->v[i];
@@ -309,29 +308,29 @@ static bool write_shard(const struct write_job *job, const struct tensor_plan *p
         ggml_set_name(gt, t->name);
         gguf_add_tensor(g, gt);
     }
+    *meta_out = meta;
+    return g;
+}
 
-    bool ok = false;
-    FILE *f = NULL;
-    uint8_t *meta_bytes = NULL;
+/* Writes the header, then every tensor of the shard streamed in row chunks,
+ * each exactly where the header says it is; adds the bytes to *bytes_out. */
+static bool write_shard_contents(FILE *f, const char *path, const struct gguf_context *g,
+                                 const struct tensor_plan *plan, int shard, uint64_t seed,
+                                 struct stream_buffers *buf, size_t *bytes_out) {
     const size_t meta_size = gguf_get_meta_size(g);
     const size_t alignment = gguf_get_alignment(g);
-
-    f = fopen(path, "wb");
-    if (!f) {
-        print_error("cannot open %s for writing: %s", path, strerror(errno));
-        goto done;
-    }
-    meta_bytes = malloc(meta_size);
+    uint8_t *meta_bytes = malloc(meta_size);
     if (!meta_bytes) {
         print_error("out of memory for %zu bytes of metadata", meta_size);
-        goto done;
+        return false;
     }
     gguf_get_meta_data(g, meta_bytes);
-    if (!write_all(f, meta_bytes, meta_size, path)) {
-        goto done;
+    const bool header_written = write_all(f, meta_bytes, meta_size, path);
+    free(meta_bytes);
+    if (!header_written) {
+        return false;
     }
 
-    /* the data must land exactly where the header says it is */
     size_t data_pos = 0;
     int64_t tensor_id = 0;
     for (size_t i = 0; i < plan->n; i++) {
@@ -342,10 +341,10 @@ static bool write_shard(const struct write_job *job, const struct tensor_plan *p
         if (gguf_get_tensor_offset(g, tensor_id) != data_pos ||
             gguf_get_tensor_size(g, tensor_id) != t->nbytes) {
             print_error("internal error: layout of %s disagrees with the GGUF header", t->name);
-            goto done;
+            return false;
         }
-        if (!write_tensor_data(f, path, t, job->seed, alignment, buf)) {
-            goto done;
+        if (!write_tensor_data(f, path, t, seed, alignment, buf)) {
+            return false;
         }
         data_pos += GGML_PAD(t->nbytes, alignment);
         tensor_id++;
@@ -353,17 +352,34 @@ static bool write_shard(const struct write_job *job, const struct tensor_plan *p
 
     if (fflush(f) != 0 || ferror(f)) {
         print_error("write to %s failed: %s", path, strerror(errno));
-        goto done;
+        return false;
     }
     *bytes_out += meta_size + data_pos;
-    ok = true;
+    return true;
+}
 
-done:
-    if (f && fclose(f) != 0 && ok) {
-        print_error("closing %s failed: %s", path, strerror(errno));
-        ok = false;
+/* Writes one shard file: its header, then its tensors. */
+static bool write_shard(const struct write_job *job, const struct tensor_plan *plan, int shard,
+                        struct stream_buffers *buf, size_t *bytes_out) {
+    char path[PATH_MAX + 32];
+    shard_path(job, shard, path, sizeof path);
+
+    struct ggml_context *meta = NULL;
+    struct gguf_context *g = shard_header(job, plan, shard, &meta);
+    if (!g) {
+        return false;
     }
-    free(meta_bytes);
+    bool ok = false;
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        print_error("cannot open %s for writing: %s", path, strerror(errno));
+    } else {
+        ok = write_shard_contents(f, path, g, plan, shard, job->seed, buf, bytes_out);
+        if (fclose(f) != 0 && ok) {
+            print_error("closing %s failed: %s", path, strerror(errno));
+            ok = false;
+        }
+    }
     ggml_free(meta);
     gguf_free(g);
     return ok;
