@@ -68,6 +68,7 @@ struct guanaco_options {
     bool audit;            /* --guanaco-audit: mincore check on each status line */
     bool preload;          /* --guanaco-preload: fill the budget at load */
     int prefetch;          /* --guanaco-prefetch: an enum guanaco_predictor_kind; none = no read-ahead */
+    bool prefetch_throttle; /* --guanaco-prefetch-throttle: read ahead only where measured faster */
     double pilot_mass;     /* --guanaco-pilot-mass; 0 = the predictor's default */
     bool reference;        /* --guanaco-reference: plain llama.cpp computing as streaming does */
 };

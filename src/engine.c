@@ -366,6 +366,15 @@ static int start_predictor(struct guanaco_engine *engine) {
     };
     int err = guanaco_predictor_create(&config, &engine->predictor);
     free(moe_layer);
+    const bool throttled = engine->options.prefetch_throttle;
+    if (err == 0) {
+        err = guanaco_read_ahead_throttle_init(&engine->throttle[0], throttled, GUANACO_THROTTLE_DECODE_EPOCH,
+                                               GUANACO_THROTTLE_DECODE_EXPLORE_EVERY);
+    }
+    if (err == 0) {
+        err = guanaco_read_ahead_throttle_init(&engine->throttle[1], throttled, GUANACO_THROTTLE_PROMPT_EPOCH,
+                                               GUANACO_THROTTLE_PROMPT_EXPLORE_EVERY);
+    }
     if (err == 0 && guanaco_predictor_uses_scores(engine->predictor)) {
         err = guanaco_router_gate_create(m->n_layer, m->n_expert, &engine->router_gate);
     }
@@ -379,8 +388,33 @@ static int start_predictor(struct guanaco_engine *engine) {
     return 0;
 }
 
+/* Decode and prompts are throttled apart: a prompt's whole-layer read-ahead can pay where decode's guesses do not. */
+static struct guanaco_read_ahead_throttle *throttle_of(struct guanaco_engine *engine, int n_tokens) {
+    return &engine->throttle[n_tokens > (int)GUANACO_GATE_MAX_TOKENS];
+}
+
+bool guanaco_engine_read_ahead_allowed(struct guanaco_engine *engine, int n_tokens) {
+    if (!engine->predictor) {
+        return false;
+    }
+    pthread_mutex_lock(&engine->predictor_lock);
+    bool allowed = guanaco_read_ahead_throttle_allows(throttle_of(engine, n_tokens));
+    pthread_mutex_unlock(&engine->predictor_lock);
+    return allowed;
+}
+
+void guanaco_engine_read_ahead_timed(struct guanaco_engine *engine, int n_tokens, bool was_on, uint64_t ns) {
+    if (!engine->predictor || n_tokens <= 0) {
+        return;
+    }
+    pthread_mutex_lock(&engine->predictor_lock);
+    guanaco_read_ahead_throttle_observe(throttle_of(engine, n_tokens), was_on, (uint64_t)n_tokens, ns);
+    pthread_mutex_unlock(&engine->predictor_lock);
+}
+
 void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
-                               const int32_t *ids, int k, int n_tokens, const float *next_scores, uint64_t token) {
+                               const int32_t *ids, int k, int n_tokens, const float *next_scores, uint64_t token,
+                               bool issue) {
     if (!engine->predictor || k <= 0 || n_tokens <= 0) {
         return;
     }
@@ -391,7 +425,7 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
                                         (uint32_t)k, (uint32_t)n_tokens);
     }
     uint32_t next = guanaco_predictor_next_layer(engine->predictor, (uint32_t)layer);
-    if (next != UINT32_MAX) {
+    if (next != UINT32_MAX && issue) {
         memset(engine->predictor_seen, 0, n_expert);
         uint32_t distinct = 0;
         for (int i = 0; i < k * n_tokens; i++) {
@@ -924,6 +958,28 @@ static void log_gate_recall(struct guanaco_engine *engine) {
                      (unsigned long long)tokens, line);
 }
 
+/* What the throttle measured and chose, for decode and for prompts. */
+static void log_throttle(const struct guanaco_engine *engine) {
+    if (!engine->predictor) {
+        return;
+    }
+    static const char *const kind[2] = {"decode", "prompt"};
+    for (int i = 0; i < 2; i++) {
+        const struct guanaco_read_ahead_throttle *t = &engine->throttle[i];
+        uint64_t ubatches = t->ubatches[0] + t->ubatches[1];
+        if (ubatches == 0) {
+            continue;
+        }
+        guanaco_log_info("read-ahead throttle, %s: on in %llu of %llu ubatches; %.1f ms per token off, %.1f ms on "
+                         "(0: not measured)%s",
+                         kind[i], (unsigned long long)t->ubatches[1], (unsigned long long)ubatches,
+                         t->estimate[0] / 1e6, t->estimate[1] / 1e6,
+                         !t->enabled ? "; the throttle is off"
+                         : guanaco_read_ahead_throttle_prefers_on(t) ? "; reading ahead pays"
+                                                                     : "; reading ahead does not pay here");
+    }
+}
+
 void guanaco_engine_close(struct guanaco_engine *engine) {
     if (!engine) {
         return;
@@ -931,6 +987,7 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
     guanaco_metrics_unregister(engine);
     if (!engine->dry_run && engine->access_count) {
         print_summary(engine);
+        log_throttle(engine);
     }
     if (!engine->dry_run && engine->replay.n_records) {
         guanaco_log_info("replay: %llu routings overwritten, recording wrapped around %llu times",

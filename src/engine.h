@@ -8,6 +8,7 @@
 #include "guanaco.h"
 #include "manifest.h"
 #include "predictor.h"
+#include "read_ahead_throttle.h"
 #include "residency.h"
 #include "router_gate.h"
 #include "trace.h"
@@ -51,6 +52,7 @@ struct guanaco_engine {
     uint32_t *predicted;                       /* n_expert: the guess handed to the residency engine */
     uint8_t *predictor_seen;                   /* n_expert: distinct ids of the current layer */
     struct guanaco_router_gate *router_gate;   /* --guanaco-prefetch gate: each layer's router, else NULL */
+    struct guanaco_read_ahead_throttle throttle[2]; /* decode, prompt ubatches; under predictor_lock */
     uint64_t auto_memory;                      /* --guanaco-ram auto: the memory it divides; 0 otherwise */
     _Atomic int64_t context_bytes;             /* host KV cache and compute buffers of the live contexts */
     char **guarded_mappings;                   /* per shard: the mapping mapping_guard watches, or NULL */
@@ -79,10 +81,17 @@ int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const
  * layer (a prompt) reads the whole next layer ahead instead; a decode guess
  * is read only when it is likely enough to pay for itself. `next_scores`
  * (n_tokens x n_expert, or NULL) are the next layer's router scores for
- * these tokens, for the gate predictor.
+ * these tokens, for the gate predictor. With issue false (the throttle
+ * keeps read-ahead off for this ubatch) the predictor only learns.
  */
 void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
-                               const int32_t *ids, int k, int n_tokens, const float *next_scores, uint64_t token);
+                               const int32_t *ids, int k, int n_tokens, const float *next_scores, uint64_t token,
+                               bool issue);
+
+/* Whether a ubatch of n_tokens that starts now reads ahead (issue above), as the throttle says; it keeps
+   that answer to its end, and reports its time from its first MoE layer through its last one's stall. */
+bool guanaco_engine_read_ahead_allowed(struct guanaco_engine *engine, int n_tokens);
+void guanaco_engine_read_ahead_timed(struct guanaco_engine *engine, int n_tokens, bool was_on, uint64_t ns);
 
 
 /* /metrics (metrics.c): an engine with a budget is listed from attach until close. */

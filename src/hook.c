@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define ROUTER_NODE_PREFIX "ffn_moe_topk-"
 
@@ -45,7 +46,15 @@ struct guanaco_hook {
     void *gate_scratch;       /* gate: one input row converted to the router's dot-product type */
     size_t gate_scratch_bytes;
     _Atomic int error; /* first error of the graph being computed (negative errno), 0 when none */
+    bool read_ahead_on;         /* what the throttle said when this ubatch reached its first MoE layer */
+    uint64_t ubatch_started_ns; /* then; 0 when this ubatch is not being timed */
 };
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* The MoE layer of a router node, or -1. Called for every node of every graph: keep it cheap. */
 static int router_layer(const struct guanaco_engine *engine, const struct ggml_tensor *t) {
@@ -169,9 +178,13 @@ static const float *next_layer_scores(struct guanaco_hook *hook, const struct gg
 static void read_ahead(struct guanaco_hook *hook, const struct ggml_tensor *topk, int layer, int k, int n_tokens) {
     const size_t n_ids = (size_t)k * (size_t)n_tokens;
     bool same_tokens = hook->previous_layer >= 0 && hook->previous_tokens == n_tokens;
-    const float *scores = hook->engine->router_gate ? next_layer_scores(hook, topk, layer, n_tokens) : NULL;
+    /* off: no router scores either, so that off costs what --guanaco-prefetch none costs */
+    const float *scores = hook->engine->router_gate && hook->read_ahead_on
+                              ? next_layer_scores(hook, topk, layer, n_tokens)
+                              : NULL;
     guanaco_engine_read_ahead(hook->engine, same_tokens ? hook->previous_layer : -1, hook->previous_ids, layer,
-                              hook->ids, k, n_tokens, scores, atomic_load(&hook->engine->tokens_done));
+                              hook->ids, k, n_tokens, scores, atomic_load(&hook->engine->tokens_done),
+                              hook->read_ahead_on);
     if (grow((void **)&hook->previous_ids, &hook->previous_capacity, n_ids * sizeof(int32_t)) == 0) {
         memcpy(hook->previous_ids, hook->ids, n_ids * sizeof(int32_t));
         hook->previous_layer = layer;
@@ -212,6 +225,10 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
             if (hook->engine->replay.n_records && k == hook->engine->manifest.n_expert_used) {
                 overwrite_router_ids(hook, t, layer, k, n_tokens);
             }
+            if (layer == hook->engine->first_moe_layer && hook->engine->predictor) {
+                hook->read_ahead_on = guanaco_engine_read_ahead_allowed(hook->engine, n_tokens);
+                hook->ubatch_started_ns = now_ns();
+            }
             err = guanaco_engine_prepare_layer(hook->engine, layer, hook->ids, (size_t)k * (size_t)n_tokens,
                                                atomic_load(&hook->engine->tokens_done));
             if (err < 0) {
@@ -224,6 +241,12 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
             }
             if (hook->engine->predictor) {
                 read_ahead(hook, t, layer, k, n_tokens);
+                if (layer == hook->engine->last_moe_layer && hook->ubatch_started_ns) {
+                    /* through the last layer's stall: the rest of the graph costs the same either way */
+                    guanaco_engine_read_ahead_timed(hook->engine, n_tokens, hook->read_ahead_on,
+                                                    now_ns() - hook->ubatch_started_ns);
+                    hook->ubatch_started_ns = 0;
+                }
             }
             guanaco_engine_count_routing(hook->engine, layer, hook->ids, k, n_tokens);
             guanaco_engine_record_routing(hook->engine, hook->context_id, (uint32_t)hook->rows_seen[layer], layer,

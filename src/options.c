@@ -50,7 +50,7 @@ static const char *const load_choices[] = {"page-cache", "direct", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_PREFETCH, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_COUNT
+    OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -88,6 +88,9 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                          "read the next layer's experts while the current one computes, as predicted by: pilot "
                          "(cross-layer statistics), gate (the next layer's router on this layer's input; pilot "
                          "where it cannot run) or none; a prompt reads the whole next layer (default: pilot)"},
+    [OPTION_PREFETCH_THROTTLE] = {"guanaco-prefetch-throttle", "GUANACO_PREFETCH_THROTTLE", OPTION_BOOL, NULL,
+                                  "measure decode and prompt ubatches with read-ahead off and on, and keep it on only "
+                                  "where it is faster; off reads ahead always (default: on)"},
     [OPTION_PILOT_MASS] = {"guanaco-pilot-mass", "GUANACO_PILOT_MASS", OPTION_FRACTION, NULL,
                            "pilot reads the smallest set of experts whose predicted probability reaches this "
                            "share (default: measured, see README)"},
@@ -126,6 +129,7 @@ static int default_value(enum option_id id) {
     case OPTION_LOG: return 1;
     case OPTION_AUDIT: return 1;
     case OPTION_PRELOAD: return 1;
+    case OPTION_PREFETCH_THROTTLE: return 1;
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return GUANACO_IO_URING;
     case OPTION_LOAD: return GUANACO_LOAD_PAGE_CACHE; /* measured faster: README "Making experts resident" */
@@ -340,6 +344,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->audit = value[OPTION_AUDIT] != 0;
     out->preload = value[OPTION_PRELOAD] != 0;
     out->prefetch = value[OPTION_PREFETCH];
+    out->prefetch_throttle = value[OPTION_PREFETCH_THROTTLE] != 0;
     out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;
     out->reference = value[OPTION_REFERENCE] != 0;
     out->status_every = value[OPTION_STATUS_EVERY] ? (uint32_t)number[OPTION_STATUS_EVERY] : GUANACO_DEFAULT_STATUS_EVERY;

@@ -45,6 +45,9 @@ evictions() {
         grep -oE '[0-9]+ evictions' | grep -oE '^[0-9]+' || echo -1
 }
 
+# Every run with a predictor reads ahead in every ubatch: the throttle would turn it off in some.
+export GUANACO_PREFETCH_THROTTLE=off
+
 # Plain llama.cpp: the reference, and proof that the harness itself sees no difference.
 run plain
 [ $rc -eq 0 ] && grep -q 'all logits equal the lone runs' "$W/plain.log" && ! grep -q '^guanaco: streaming' "$W/plain.log"

@@ -15,6 +15,10 @@ W="$WORKDIR/residency-live"
 rm -rf "$W" && mkdir -p "$W"
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+# The read-ahead throttle would keep read-ahead off in ubatches it measures that way: here every run with a
+# predictor must read ahead in every ubatch, so it is off except where a run turns it on.
+export GUANACO_PREFETCH_THROTTLE=off
+
 # Logits: on with a budget == off --guanaco-reference (experts in the file's layout, the rest repacked as
 # llama.cpp chooses: the same kernels as streaming).
 # lfm2moe and nemotron_h_moe are hybrids (short-convolution or mamba2 blocks between attention and MoE);
@@ -31,24 +35,35 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
     for run in "guanaco uring 3M direct pilot" "lru threads 3M page-cache pilot" "layer-lru uring 2M page-cache none" \
                "layer-lru threads 2M direct none" "lfu threads 4M direct pilot" "guanaco threads 3M page-cache pilot" \
                "layer-lru uring 4M page-cache pilot --ubatch 16" "lru uring 3M page-cache gate" \
-               "guanaco threads 2M page-cache gate --ubatch 16"; do
+               "guanaco threads 2M page-cache gate --ubatch 16" "lru uring 3M page-cache throttled-gate"; do
         set -- $run
-        name="$1.$2.$5${6:+.ub}"
+        name="$1.$2.$5${6:+.${6#--}$7}"
+        # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches
+        throttle=off predictor=$5
+        [ "${5#throttled-}" != "$5" ] && throttle=on predictor=${5#throttled-}
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
-            GUANACO_PREFETCH=$5 "$LOGITS_DUMP" "$m" "$W/$arch.$name.bin" ${6:+$6 $7} >"$W/$arch.$name.log" 2>&1
+            GUANACO_PREFETCH=$predictor GUANACO_PREFETCH_THROTTLE=$throttle \
+            "$LOGITS_DUMP" "$m" "$W/$arch.$name.bin" ${6:+$6 $7} >"$W/$arch.$name.log" 2>&1
         rc=$?
         grep -q "residency: budget" "$W/$arch.$name.log" && [ $rc -eq 0 ] && cmp -s "$W/$arch.off.bin" "$W/$arch.$name.bin"
         check "$arch $quant: budget $3, policy $1, io $2, load $4, prefetch $5 ${6:-} ${7:-}== off --guanaco-reference" $? \
             "rc=$rc $(grep -E 'guanaco: (error|residency)' "$W/$arch.$name.log" | head -3)"
         # page-cache loading with a predictor must really read ahead and use some of it
-        if [ "$4" = page-cache ] && [ "$5" != none ]; then
+        if [ "$4" = page-cache ] && [ "$5" != none ] && [ $throttle = off ]; then
             grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'read-ahead [0-9.]* MiB issued, [0-9.]* used' |
                 awk '{ exit !($2 > 0 && $5 > 0) }'
             check "$arch $quant: $name read ahead and used some of it" $? \
                 "$(grep -o 'read-ahead[^;]*' "$W/$arch.$name.log" | tail -1)"
         fi
         # gate follows every one of these routers (plain, biased, softmax-weighted) and scores its guesses
-        if [ "$5" = gate ]; then
+        # the throttle measured both sides of the decode and said which one it kept
+        if [ $throttle = on ]; then
+            grep -E 'read-ahead throttle, decode: on in [1-9][0-9]* of [0-9]+ ubatches; [0-9.]+ ms per token off, [0-9.]+ ms on' \
+                "$W/$arch.$name.log" | grep -qvE ' 0\.0 ms (per token off|on)'
+            check "$arch $quant: $name measured decode with read-ahead off and on" $? \
+                "$(grep -E 'read-ahead throttle' "$W/$arch.$name.log" | head -2)"
+        fi
+        if [ "$predictor" = gate ] && [ $throttle = off ]; then
             grep -oE 'prefetch gate recall, top [0-9]+ / top [0-9]+: [0-9.]+ / [0-9.]+ over [0-9]+ token-layers' \
                 "$W/$arch.$name.log" | awk '{ exit !($NF == "token-layers" && $(NF-1) > 0 && $(NF-3) > 0) }'
             check "$arch $quant: $name scored its guesses with the next layer's router" $? \

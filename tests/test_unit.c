@@ -49,6 +49,13 @@ static void test_options(void) {
           options.audit && options.preload && options.io == GUANACO_IO_URING && options.policy == 2 /* layer-lru */);
     /* read-ahead is on by default with the pilot predictor and its own default mass */
     CHECK(options.prefetch == 1 /* pilot */ && options.pilot_mass == 0.0);
+    /* and throttled: it runs only where it is measured faster */
+    CHECK(options.prefetch_throttle);
+    setenv("GUANACO_PREFETCH_THROTTLE", "off", 1);
+    CHECK(guanaco_options_get(&options) == 0 && !options.prefetch_throttle);
+    setenv("GUANACO_PREFETCH_THROTTLE", "sometimes", 1);
+    CHECK(guanaco_options_get(&options) == -EINVAL);
+    unsetenv("GUANACO_PREFETCH_THROTTLE");
     setenv("GUANACO_PREFETCH", "none", 1);
     setenv("GUANACO_PILOT_MASS", "0.9", 1);
     CHECK(guanaco_options_get(&options) == 0 && options.prefetch == 0 && options.pilot_mass > 0.8999 &&

@@ -1,0 +1,76 @@
+/*
+ * read_ahead_throttle.c - owns the measured on/off decision for read-ahead
+ * (the why is in read_ahead_throttle.h): epochs, their medians, the two
+ * running estimates and the exploration schedule.
+ */
+#include "read_ahead_throttle.h"
+
+#include <errno.h>
+#include <string.h>
+
+int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool enabled, uint32_t epoch_ubatches,
+                                     uint32_t explore_every) {
+    if (!t || epoch_ubatches == 0 || epoch_ubatches > GUANACO_THROTTLE_MAX_EPOCH || explore_every < 2) {
+        return -EINVAL;
+    }
+    memset(t, 0, sizeof(*t));
+    t->enabled = enabled;
+    t->epoch_ubatches = epoch_ubatches;
+    t->explore_every = explore_every;
+    t->on = !enabled; /* off first: until read-ahead has shown it pays, it has cost at most one epoch */
+    return 0;
+}
+
+bool guanaco_read_ahead_throttle_allows(const struct guanaco_read_ahead_throttle *t) {
+    return !t->enabled || t->on;
+}
+
+bool guanaco_read_ahead_throttle_prefers_on(const struct guanaco_read_ahead_throttle *t) {
+    const double off = t->estimate[0], on = t->estimate[1];
+    return on > 0.0 && off > 0.0 && on < off * (1.0 - GUANACO_THROTTLE_MARGIN);
+}
+
+/* Median, not mean: a status line's mincore audit or another process's burst lands in one ubatch. */
+static double epoch_median(struct guanaco_read_ahead_throttle *t) {
+    for (uint32_t i = 1; i < t->in_epoch; i++) {
+        double v = t->times[i];
+        uint32_t j = i;
+        for (; j > 0 && t->times[j - 1] > v; j--) {
+            t->times[j] = t->times[j - 1];
+        }
+        t->times[j] = v;
+    }
+    uint32_t n = t->in_epoch;
+    return n % 2 ? t->times[n / 2] : 0.5 * (t->times[n / 2 - 1] + t->times[n / 2]);
+}
+
+void guanaco_read_ahead_throttle_observe(struct guanaco_read_ahead_throttle *t, bool was_on, uint64_t tokens,
+                                         uint64_t ns) {
+    if (tokens == 0 || ns == 0) {
+        return;
+    }
+    t->ubatches[was_on]++;
+    if (was_on != t->on) {
+        return; /* began in the previous epoch: it would blur this one */
+    }
+    t->times[t->in_epoch++] = (double)ns / (double)tokens;
+    if (t->in_epoch < t->epoch_ubatches) {
+        return;
+    }
+    double value = epoch_median(t);
+    double *estimate = &t->estimate[t->on];
+    /* halves: the estimate follows a change in the machine within a few epochs of that side */
+    *estimate = *estimate > 0.0 ? 0.5 * *estimate + 0.5 * value : value;
+    t->in_epoch = 0;
+    t->epochs++;
+    if (!t->enabled) {
+        return;
+    }
+    if (t->estimate[1] == 0.0) {
+        t->on = true; /* the trial */
+        return;
+    }
+    bool best = guanaco_read_ahead_throttle_prefers_on(t);
+    bool explore = t->epochs % t->explore_every == t->explore_every - 1;
+    t->on = explore ? !best : best;
+}

@@ -1,0 +1,64 @@
+/*
+ * read_ahead_throttle.h - owns the decision whether read-ahead runs at all.
+ *
+ * Reading ahead pays only while the disk has idle time and the guesses are
+ * good enough. On a saturated disk a wrong guess costs the demand reads
+ * directly, and its page-cache work runs on the cores that compute: on the
+ * 24-layer Qwen3-30B-A3B shape at a 25% budget, gate made decode 13% slower
+ * and pilot 3% (bench/PIPELINE.md). No model of disk and cores predicts that
+ * across machines, so the throttle measures instead. It runs ubatches in
+ * epochs, each with read-ahead on or off, keeps a running time per token
+ * for both, runs the faster one, and gives the other one epoch in every
+ * `explore_every` so that a change (a quieter disk, a colder cache) is seen.
+ * It starts with read-ahead off, so that a run that never learns it pays
+ * loses at most the one trial epoch.
+ *
+ * Pure like the predictors: the caller passes each ubatch's time in; no
+ * clock, no I/O, no globals, no allocation. Not thread-safe.
+ */
+#ifndef GUANACO_READ_AHEAD_THROTTLE_H
+#define GUANACO_READ_AHEAD_THROTTLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Most ubatches in one epoch: an epoch's time per token is the median of its ubatches'. */
+#define GUANACO_THROTTLE_MAX_EPOCH 16u
+
+/* Decode: 4 single-token ubatches show a 10% difference through the noise of a shared machine, and one
+   epoch in 8 spent on the losing side bounds the loss to an eighth of the difference. */
+#define GUANACO_THROTTLE_DECODE_EPOCH 4u
+#define GUANACO_THROTTLE_DECODE_EXPLORE_EVERY 8u
+/* Prompts: a ubatch takes seconds and comes a few at a time, so each one is an epoch. */
+#define GUANACO_THROTTLE_PROMPT_EPOCH 1u
+#define GUANACO_THROTTLE_PROMPT_EXPLORE_EVERY 4u
+/* Read-ahead must be this much faster than off to be chosen: a tie goes to off, which wastes nothing. */
+#define GUANACO_THROTTLE_MARGIN 0.02
+
+struct guanaco_read_ahead_throttle {
+    uint32_t epoch_ubatches, explore_every;
+    bool enabled;                 /* false: read-ahead always on (--guanaco-prefetch-throttle off) */
+    bool on;                      /* what the current epoch runs */
+    uint32_t in_epoch;            /* ubatches of the current epoch measured so far */
+    double times[GUANACO_THROTTLE_MAX_EPOCH]; /* their ns per token */
+    uint64_t epochs;              /* epochs finished */
+    double estimate[2];           /* ns per token with read-ahead off [0] and on [1]; 0 = not measured yet */
+    uint64_t ubatches[2];         /* ubatches measured off and on */
+};
+
+/* epoch_ubatches from 1 to GUANACO_THROTTLE_MAX_EPOCH, explore_every at least 2. 0 or -EINVAL. */
+int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool enabled, uint32_t epoch_ubatches,
+                                     uint32_t explore_every);
+
+/* Whether the next ubatch reads ahead. A ubatch keeps the answer it started with. */
+bool guanaco_read_ahead_throttle_allows(const struct guanaco_read_ahead_throttle *t);
+
+/* One ubatch ran `tokens` tokens in `ns` nanoseconds with read-ahead `was_on` (what allows() said when it
+   started: with several contexts another ubatch may have ended the epoch meanwhile). Ignores empty ones. */
+void guanaco_read_ahead_throttle_observe(struct guanaco_read_ahead_throttle *t, bool was_on, uint64_t tokens,
+                                         uint64_t ns);
+
+/* Whether read-ahead is the faster side on what has been measured so far. */
+bool guanaco_read_ahead_throttle_prefers_on(const struct guanaco_read_ahead_throttle *t);
+
+#endif
