@@ -133,7 +133,7 @@ static int default_value(enum option_id id) {
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return GUANACO_IO_URING;
     case OPTION_LOAD: return GUANACO_LOAD_PAGE_CACHE; /* measured faster: README "Making experts resident" */
-    case OPTION_PREFETCH: return GUANACO_PREDICTOR_PILOT;
+    case OPTION_PREFETCH: return GUANACO_PREDICTOR_DEFAULT;
     default: return 0;
     }
 }

@@ -32,6 +32,9 @@ enum guanaco_predictor_kind {
    per kind: expanded by predictor.c and options.c, as GUANACO_POLICY_KIND_NAMES is. */
 #define GUANACO_PREDICTOR_KIND_NAMES(X) X("none") X("pilot") X("gate")
 
+/* What --guanaco-prefetch means when it is not given (src/options.c; guanaco-plan's --predictor follows it). */
+#define GUANACO_PREDICTOR_DEFAULT GUANACO_PREDICTOR_PILOT
+
 struct guanaco_predictor_config {
     enum guanaco_predictor_kind kind;
     uint32_t n_layer, n_expert, top_k;

@@ -66,16 +66,17 @@ static void print_usage(FILE *out) {
             "  --ram SIZE          the machine's RAM for this model, as --guanaco-ram takes sizes: 16G, 12288M\n"
             "                      (binary units); adds its budget to the table and recommends it\n"
             "  --disk-gbps X       disk read speed in GB/s; otherwise measured by reading 256 MiB of the model's\n"
-            "                      expert slices at queue depth 16 (O_DIRECT where the file system allows)\n"
+            "                      expert slices at queue depth %u (O_DIRECT where the file system allows)\n"
             "  --compute-ms Y      compute time per token in ms, 0 or more; otherwise estimated from the bytes of\n"
             "                      weights a token touches and a measured memory read bandwidth\n"
-            "  --policy NAME       the replacement policy to predict: %s (default layer-lru,\n"
+            "  --policy NAME       the replacement policy to predict: %s (default %s,\n"
             "                      the engine's default)\n"
-            "  --predictor KIND    the read-ahead to predict, as --guanaco-prefetch: %s (default pilot, the\n"
+            "  --predictor KIND    the read-ahead to predict, as --guanaco-prefetch: %s (default %s, the\n"
             "                      engine's default); none makes the overlapped estimate the serial one\n"
             "  --tokens N          tokens per sequence of the synthetic trace (default: the preset's)\n"
             "  --seed S            seed of the synthetic trace (default: the preset's)\n",
-            guanaco_policy_kind_names(), guanaco_predictor_kind_names());
+            DISK_QUEUE_DEPTH, guanaco_policy_kind_names(), guanaco_policy_kind_name(GUANACO_POLICY_DEFAULT),
+            guanaco_predictor_kind_names(), guanaco_predictor_kind_name(GUANACO_PREDICTOR_DEFAULT));
 }
 
 struct plan_options {
@@ -116,8 +117,8 @@ static int parse_ram(const char *text, uint64_t *out) {
 static int parse_options(int argc, char **argv, struct plan_options *o) {
     o->models = calloc((size_t)argc, sizeof(*o->models));
     o->traces = calloc((size_t)argc, sizeof(*o->traces));
-    o->policy = GUANACO_POLICY_LAYER_LRU;
-    o->predictor = GUANACO_PREDICTOR_PILOT;
+    o->policy = GUANACO_POLICY_DEFAULT;
+    o->predictor = GUANACO_PREDICTOR_DEFAULT;
     if (!o->models || !o->traces) {
         fprintf(stderr, PROG ": out of memory\n");
         return 2;

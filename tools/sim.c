@@ -57,7 +57,7 @@ static void print_usage(FILE *out) {
             "usage: " PROG " --trace FILE [--trace FILE ...] (--shape NAME [--quant TYPE] | --model MODEL.gguf ...)\n"
             "                   [--budgets LIST] [--policies LIST] [--per-layer-cap N] [--csv OUT.csv]\n"
             "                   [--plot OUT.png] [--disk-gbps X --compute-ms Y [--prompt-compute-ms Z]] [--threads N]\n"
-            "                   [--predictor none|pilot [--pilot-mass LIST] [--pilot-half-life T] [--verbose]]\n"
+            "                   [--predictor KIND [--pilot-mass LIST] [--pilot-half-life T] [--verbose]]\n"
             "                   [--ubatches] [--warmup N]\n"
             "\n"
             "  --trace FILE        a routing trace (docs/TRACE.md); several are replayed back to back\n"
@@ -67,7 +67,7 @@ static void print_usage(FILE *out) {
             "  --model FILE        expert sizes read from a GGUF; repeat it to list every shard of a split model\n"
             "  --budgets LIST      comma-separated RAM budgets, default %s. Each one is\n"
             "                      N%% of all expert bytes, a size (6GiB, 500MB, 1e9) or Ne experts per layer (2e)\n"
-            "  --policies LIST     comma-separated from lru,lfu,layer-lru,guanaco, or all (default);\n"
+            "  --policies LIST     comma-separated names (%s), or all (default);\n"
             "                      belady, the offline optimum, is always replayed\n"
             "  --per-layer-cap N   most resident experts per layer for the policies (belady is not capped)\n"
             "  --half-life T       tokens over which use counts halve (lfu, guanaco); default 32\n"
@@ -93,7 +93,7 @@ static void print_usage(FILE *out) {
             "                      overlapped tok/s reads ahead with the first\n"
             "  --pilot-half-life T observed ubatches (here tokens) over which pilot's counts halve (default %g)\n"
             "  --verbose           with --predictor: the recall of each MoE layer's guesses too\n",
-            DEFAULT_BUDGETS, guanaco_predictor_kind_names(), GUANACO_PILOT_DEFAULT_MASS,
+            DEFAULT_BUDGETS, guanaco_policy_kind_names(), guanaco_predictor_kind_names(), GUANACO_PILOT_DEFAULT_MASS,
             GUANACO_PILOT_DEFAULT_HALF_LIFE);
 }
 
@@ -887,8 +887,8 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         fprintf(stderr, PROG ": --quant applies to --shape only; --model reads the sizes from the GGUF\n");
         return 2;
     }
+    enum guanaco_predictor_kind kind = GUANACO_PREDICTOR_NONE;
     if (options->predictor) {
-        enum guanaco_predictor_kind kind;
         if (guanaco_predictor_kind_from_name(options->predictor, &kind) != 0) {
             fprintf(stderr, PROG ": unknown --predictor \"%s\": expected %s\n", options->predictor,
                     guanaco_predictor_kind_names());
@@ -896,7 +896,7 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         }
     }
     if ((options->pilot_masses || options->pilot_half_life > 0) &&
-        !(options->predictor && strcmp(options->predictor, "pilot") == 0)) {
+        kind != GUANACO_PREDICTOR_PILOT) {
         fprintf(stderr, PROG ": --pilot-mass and --pilot-half-life apply to --predictor pilot only\n");
         return 2;
     }
