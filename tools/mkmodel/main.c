@@ -5,9 +5,10 @@
  * MoE models while no weights can be downloaded.  This file owns the command
  * line: parsing, choosing the architecture, quant type and vocab, checking a
  * shape against what the chosen architecture's loader assumes, and running
- * the plan and the writer.  The tables of
- * architectures, presets and quant types live in tables.c, the tensor plan in
- * plan.c, the random weights in weights.c and the GGUF writer in writer.c.
+ * the plan and the writer.  The tables of architectures, presets and quant
+ * types live in tables.c, the tensor plan in plan.c, the random weights in
+ * weights.c, the threaded encoding in encode.c and the GGUF writer in
+ * writer.c.
  *
  * GGUF metadata comes only from ggml's gguf API and tensor data only from
  * ggml's own converters (ggml_quantize_chunk, ggml_fp32_to_fp16), so the files

@@ -5,8 +5,9 @@
  *
  * The parts: tables.c (which GGUF keys, shapes and defaults each
  * architecture has), plan.c (which tensors, with which types and shards),
- * weights.c (deterministic random values), writer.c (the vocab copy and the
- * streaming, threaded GGUF shard writer) and main.c (the command line).
+ * weights.c (deterministic random values), encode.c (a chunk of rows generated
+ * and encoded on worker threads), writer.c (the vocab copy and the streaming
+ * GGUF shard writer) and main.c (the command line).
  */
 #ifndef GUANACO_MKMODEL_H
 #define GUANACO_MKMODEL_H
@@ -20,6 +21,7 @@
 #include "gguf.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -168,6 +170,31 @@ struct write_job {
     char out_path[PATH_MAX];
 };
 
+/* One chunk of rows: generated as F32 into src, encoded into dst. */
+struct chunk_buffer {
+    float *src;
+    uint8_t *dst;
+};
+
+/* One worker's share of a chunk: generate rows, then encode them. */
+struct encode_task {
+    const struct tensor_spec *t;
+    uint64_t tseed;
+    int64_t row0;
+    int64_t n_rows;
+    float *src;
+    uint8_t *dst;
+    size_t out_size;
+};
+
+/* A chunk being encoded in the background. */
+struct encode_batch {
+    struct encode_task tasks[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    bool   started[MAX_THREADS];
+    int    n_workers;
+};
+
 /* What one block's mixer is, for the hybrid architectures. */
 enum layer_role {
     ROLE_ATTENTION,
@@ -197,6 +224,11 @@ void assign_shards(struct tensor_plan *p, int n_shards);
 /* weights.c */
 uint64_t tensor_seed(uint64_t seed, const char *name);
 void fill_rows(float *dst, const struct tensor_spec *t, uint64_t tseed, int64_t row0, int64_t n_rows);
+
+/* encode.c */
+void encode_start(struct encode_batch *b, const struct tensor_spec *t, uint64_t tseed,
+                  int64_t row0, int64_t n_rows, const struct chunk_buffer *out, int n_threads);
+size_t encode_finish(struct encode_batch *b);
 
 /* writer.c */
 struct gguf_context *load_vocab(const char *path, int64_t *n_vocab);

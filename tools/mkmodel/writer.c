@@ -1,9 +1,8 @@
 /*
  * writer.c - owns writing the GGUF files: the tokenizer keys copied from a
  * vocab-only GGUF, metadata through ggml's gguf API, and tensor data streamed
- * in constant memory, generated and encoded by worker threads (rows split
- * among them, so the bytes do not depend on the thread count) while the
- * previous chunk is written, optionally as gguf-split shards.
+ * in constant memory, one chunk written while encode.c's threads generate and
+ * encode the next, optionally as gguf-split shards.
  */
 
 #define _POSIX_C_SOURCE 200809L
@@ -11,7 +10,6 @@
 #include "mkmodel.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,98 +111,10 @@ static bool write_all(FILE *f, const void *data, size_t n, const char *path) {
 
 /* Two chunk buffers: workers fill one while the main thread writes the other,
  * so generation overlaps with disk I/O.  Memory stays constant. */
-struct chunk_buffer {
-    float *src;
-    uint8_t *dst;
-};
-
 struct stream_buffers {
     struct chunk_buffer chunk[2];
     int n_threads;
 };
-
-/* One worker's share of a chunk: generate rows, then encode them. */
-struct encode_task {
-    const struct tensor_spec *t;
-    uint64_t tseed;
-    int64_t row0;
-    int64_t n_rows;
-    float *src;
-    uint8_t *dst;
-    size_t out_size;
-};
-
-static void *run_encode_task(void *arg) {
-    struct encode_task *task = arg;
-    const struct tensor_spec *t = task->t;
-    const int64_t n_per_row = t->ne[0];
-    const int64_t n = task->n_rows * n_per_row;
-    if (t->type == GGML_TYPE_F32) {
-        fill_rows((float *)task->dst, t, task->tseed, task->row0, task->n_rows);
-        task->out_size = (size_t)n * sizeof(float);
-        return NULL;
-    }
-    fill_rows(task->src, t, task->tseed, task->row0, task->n_rows);
-    if (t->type == GGML_TYPE_F16) {
-        ggml_fp16_t *h = (ggml_fp16_t *)task->dst;
-        for (int64_t i = 0; i < n; i++) {
-            h[i] = ggml_fp32_to_fp16(task->src[i]);
-        }
-        task->out_size = (size_t)n * sizeof(ggml_fp16_t);
-    } else {
-        task->out_size = ggml_quantize_chunk(t->type, task->src, task->dst, 0, task->n_rows, n_per_row, NULL);
-    }
-    return NULL;
-}
-
-/* Below this many floats a thread costs more than it saves. */
-#define MIN_FLOATS_PER_THREAD (1u << 16)
-
-/* A chunk being encoded in the background. */
-struct encode_batch {
-    struct encode_task tasks[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    bool   started[MAX_THREADS];
-    int    n_workers;
-};
-
-/* Starts encoding rows [row0, row0 + n_rows) into out->dst.  Rows are
- * independent, so the bytes do not depend on the thread count. */
-static void encode_start(struct encode_batch *b, const struct tensor_spec *t, uint64_t tseed,
-                         int64_t row0, int64_t n_rows, const struct chunk_buffer *out, int n_threads) {
-    const int64_t n_per_row = t->ne[0];
-    const size_t row_size = ggml_row_size(t->type, n_per_row);
-    int64_t n_workers = (n_rows * n_per_row) / MIN_FLOATS_PER_THREAD;
-    if (n_workers > n_threads) n_workers = n_threads;
-    if (n_workers > n_rows)    n_workers = n_rows;
-    if (n_workers < 1)         n_workers = 1;
-
-    b->n_workers = (int)n_workers;
-    int64_t r = 0;
-    for (int w = 0; w < b->n_workers; w++) {
-        const int64_t share = n_rows / n_workers + (w < n_rows % n_workers ? 1 : 0);
-        b->tasks[w] = (struct encode_task) {
-            .t = t, .tseed = tseed, .row0 = row0 + r, .n_rows = share,
-            .src = out->src + r * n_per_row, .dst = out->dst + (size_t)r * row_size,
-        };
-        b->started[w] = pthread_create(&b->threads[w], NULL, run_encode_task, &b->tasks[w]) == 0;
-        r += share;
-    }
-}
-
-/* Waits for the chunk; returns its encoded size. */
-static size_t encode_finish(struct encode_batch *b) {
-    size_t total = 0;
-    for (int w = 0; w < b->n_workers; w++) {
-        if (b->started[w]) {
-            pthread_join(b->threads[w], NULL);
-        } else {
-            run_encode_task(&b->tasks[w]); /* no thread available: do it here */
-        }
-        total += b->tasks[w].out_size;
-    }
-    return total;
-}
 
 static bool write_tensor_data(FILE *f, const char *path, const struct tensor_spec *t,
                               uint64_t seed, size_t alignment, struct stream_buffers *buf) {
