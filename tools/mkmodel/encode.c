@@ -53,7 +53,7 @@ void encode_start(struct encode_batch *b, const struct tensor_spec *t, uint64_t 
     int64_t r = 0;
     for (int w = 0; w < b->n_workers; w++) {
         const int64_t share = n_rows / n_workers + (w < n_rows % n_workers ? 1 : 0);
-        b->tasks[w] = (struct encode_task) {
+        b->tasks[w] = (struct encode_task){
             .t = t, .tseed = tseed, .row0 = row0 + r, .n_rows = share,
             .src = out->src + r * n_per_row, .dst = out->dst + (size_t)r * row_size,
         };

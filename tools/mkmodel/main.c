@@ -119,11 +119,11 @@ struct options {
     const char *quant;
     const char *vocab;
     const char *output;
-    uint64_t     seed;
-    int64_t      n_layer, n_embd, n_ff_exp, n_expert, n_expert_used; /* 0: keep */
-    int64_t      split_count;
-    int64_t      n_threads;    /* 0: one per online CPU */
-    int          fused;  /* -1: arch default */
+    uint64_t seed;
+    int64_t n_layer, n_embd, n_ff_exp, n_expert, n_expert_used; /* 0: keep */
+    int64_t split_count;
+    int64_t n_threads; /* 0: one per online CPU */
+    int fused;         /* -1: arch default */
 };
 
 static struct options parse_args(int argc, char **argv) {
@@ -291,16 +291,16 @@ static void make_job(const struct options *o, const struct arch_desc *arch, cons
         const long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
         job->n_threads = n_cpu < 1 ? 1 : (n_cpu > MAX_THREADS ? MAX_THREADS : (int)n_cpu);
     }
-    if (strlen(o->output) >= sizeof job->out_path - 32) {
+    if (strlen(o->output) >= sizeof(job->out_path) - 32) {
         die("output path too long");
     }
-    snprintf(job->out_path, sizeof job->out_path, "%s", o->output);
-    snprintf(job->prefix, sizeof job->prefix, "%s", o->output);
+    snprintf(job->out_path, sizeof(job->out_path), "%s", o->output);
+    snprintf(job->prefix, sizeof(job->prefix), "%s", o->output);
     const size_t len = strlen(job->prefix);
     if (len > 5 && strcmp(job->prefix + len - 5, ".gguf") == 0) {
         job->prefix[len - 5] = 0;
     }
-    snprintf(job->model_name, sizeof job->model_name, "guanaco synthetic %s %s %s seed %" PRIu64,
+    snprintf(job->model_name, sizeof(job->model_name), "guanaco synthetic %s %s %s seed %" PRIu64,
              arch->name, preset->name, quant->name, o->seed);
 }
 
@@ -333,12 +333,12 @@ int main(int argc, char **argv) {
     apply_overrides(&shape, arch, &o);
 
     char vocab_path[PATH_MAX];
-    vocab_path_for(&o, preset, vocab_path, sizeof vocab_path);
+    vocab_path_for(&o, preset, vocab_path, sizeof(vocab_path));
     struct gguf_context *vocab = load_vocab(vocab_path, &shape.n_vocab);
 
     struct write_job job;
     make_job(&o, arch, preset, quant, &shape, vocab, &job);
-    struct tensor_plan plan = { 0 };
+    struct tensor_plan plan = {0};
     plan_tensors(&plan, arch, &shape, fused, quant, job.split_count);
 
     const int rc = write_model(&job, &plan);

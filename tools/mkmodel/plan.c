@@ -15,16 +15,16 @@ static void plan_add(struct tensor_plan *p, enum tensor_kind kind, int n_dims,
                      int64_t ne0, int64_t ne1, int64_t ne2, const char *fmt, ...) {
     if (p->n == p->cap) {
         p->cap = p->cap ? 2 * p->cap : 256;
-        p->v = realloc(p->v, p->cap * sizeof *p->v);
+        p->v = realloc(p->v, p->cap * sizeof(*p->v));
         if (!p->v) {
             die("out of memory");
         }
     }
     struct tensor_spec *t = &p->v[p->n++];
-    memset(t, 0, sizeof *t);
+    memset(t, 0, sizeof(*t));
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    vsnprintf(t->name, sizeof(t->name), fmt, ap);
     va_end(ap);
     t->n_dims = n_dims;
     t->ne[0] = ne0;

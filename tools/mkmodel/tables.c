@@ -13,26 +13,26 @@
 
 static void kv_u32(struct gguf_context *g, const char *arch, const char *key, int64_t v) {
     char full[128];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
+    snprintf(full, sizeof(full), "%s.%s", arch, key);
     gguf_set_val_u32(g, full, (uint32_t)v);
 }
 
 static void kv_f32(struct gguf_context *g, const char *arch, const char *key, float v) {
     char full[128];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
+    snprintf(full, sizeof(full), "%s.%s", arch, key);
     gguf_set_val_f32(g, full, v);
 }
 
 static void kv_bool(struct gguf_context *g, const char *arch, const char *key, bool v) {
     char full[128];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
+    snprintf(full, sizeof(full), "%s.%s", arch, key);
     gguf_set_val_bool(g, full, v);
 }
 
 /* A per-layer array, as convert_hf_to_gguf writes it (a list of ints is INT32). */
 static void kv_layers(struct gguf_context *g, const char *arch, const char *key, const int32_t *v, int64_t n) {
     char full[128];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
+    snprintf(full, sizeof(full), "%s.%s", arch, key);
     gguf_set_arr_data(g, full, GGUF_TYPE_INT32, v, (size_t)n);
 }
 
@@ -158,7 +158,7 @@ static void kv_qwen35moe(struct gguf_context *g, const char *a, const struct mod
     kv_u32(g, a, "rope.dimension_count",              s->n_rot);
     /* text-only positions: all rotary pairs in the first (temporal) section */
     char key[128];
-    snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
+    snprintf(key, sizeof(key), "%s.rope.dimension_sections", a);
     const int32_t sections[4] = { (int32_t)(s->n_rot / 2), 0, 0, 0 };
     gguf_set_arr_data(g, key, GGUF_TYPE_INT32, sections, 4);
     kv_u32(g, a, "ssm.conv_kernel",        s->ssm_conv_kernel);
@@ -297,11 +297,11 @@ const struct arch_desc ARCHS[] = {
       { TINY_SHAPE(2, 10000.0f, 1e-5f), .n_expert_shared = 1, .n_dense_lead = 1, .sliding_window = 128 },
       kv_afmoe },
 };
-const size_t N_ARCHS = sizeof ARCHS / sizeof ARCHS[0];
+const size_t N_ARCHS = sizeof(ARCHS) / sizeof(ARCHS[0]);
 
 const struct preset_desc PRESETS[] = {
     /* llama-spm keeps tiny models small: 32000 tokens */
-    { "tiny", NULL, "ggml-vocab-llama-spm.gguf", { 0 } },
+    { "tiny", NULL, "ggml-vocab-llama-spm.gguf", {0} },
     { "qwen3-30b-a3b", "qwen3moe", "ggml-vocab-qwen2.gguf",
       { .n_layer = 48, .n_embd = 2048, .n_ff = 6144, .n_ff_exp = 768, .n_expert = 128,
         .n_expert_used = 8, .n_head = 32, .n_head_kv = 4, .head_dim = 128,
@@ -311,7 +311,7 @@ const struct preset_desc PRESETS[] = {
         .n_expert_used = 2, .n_head = 32, .n_head_kv = 8, .head_dim = 128,
         .n_ctx_train = 32768, .rope_freq_base = 1000000.0f, .rms_eps = 1e-5f } },
 };
-const size_t N_PRESETS = sizeof PRESETS / sizeof PRESETS[0];
+const size_t N_PRESETS = sizeof(PRESETS) / sizeof(PRESETS[0]);
 
 const struct quant_desc QUANTS[] = {
     { "F16",   GGML_TYPE_F16,   1 },
@@ -320,7 +320,7 @@ const struct quant_desc QUANTS[] = {
     { "Q4_K",  GGML_TYPE_Q4_K,  14 }, /* all Q4_K, i.e. Q4_K_S */
     { "MXFP4", GGML_TYPE_MXFP4, 38 }, /* MXFP4_MOE: experts MXFP4, rest Q8_0 */
 };
-const size_t N_QUANTS = sizeof QUANTS / sizeof QUANTS[0];
+const size_t N_QUANTS = sizeof(QUANTS) / sizeof(QUANTS[0]);
 
 const struct quant_desc *find_quant_by_name(const char *name) {
     for (size_t i = 0; i < N_QUANTS; i++) {

@@ -36,7 +36,7 @@ static bool copy_kv(struct gguf_context *dst, const struct gguf_context *src, in
             const enum gguf_type at = gguf_get_arr_type(src, id);
             const size_t n = gguf_get_arr_n(src, id);
             if (at == GGUF_TYPE_STRING) {
-                const char **strs = malloc((n ? n : 1) * sizeof *strs);
+                const char **strs = malloc((n ? n : 1) * sizeof(*strs));
                 if (!strs) {
                     print_error("out of memory copying %s", key);
                     return false;
@@ -152,10 +152,10 @@ static bool write_tensor_data(FILE *f, const char *path, const struct tensor_spe
     }
     written += ready_size;
 
-    static const uint8_t zeros[64] = { 0 };
+    static const uint8_t zeros[64] = {0};
     size_t pad = GGML_PAD(written, alignment) - written;
     while (pad > 0) {
-        const size_t n = pad < sizeof zeros ? pad : sizeof zeros;
+        const size_t n = pad < sizeof(zeros) ? pad : sizeof(zeros);
         if (!write_all(f, zeros, n, path)) {
             return false;
         }
@@ -272,7 +272,7 @@ static bool write_shard_contents(FILE *f, const char *path, const struct gguf_co
 static bool write_shard(const struct write_job *job, const struct tensor_plan *plan, int shard,
                         struct stream_buffers *buf, size_t *bytes_out) {
     char path[PATH_MAX + 32];
-    shard_path(job, shard, path, sizeof path);
+    shard_path(job, shard, path, sizeof(path));
 
     struct ggml_context *meta = NULL;
     struct gguf_context *g = shard_header(job, plan, shard, &meta);
@@ -345,7 +345,7 @@ int write_model(const struct write_job *job, struct tensor_plan *plan) {
         for (int s = 0; s < shard; s++) {
             char path[PATH_MAX + 32];
             struct stat st;
-            shard_path(job, s, path, sizeof path);
+            shard_path(job, s, path, sizeof(path));
             if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
                 remove(path);
             }
@@ -354,7 +354,7 @@ int write_model(const struct write_job *job, struct tensor_plan *plan) {
     }
 
     char first[PATH_MAX + 32];
-    shard_path(job, 0, first, sizeof first);
+    shard_path(job, 0, first, sizeof(first));
     fprintf(stderr, PROG ": wrote %s%s: %zu tensors, %.1f MiB in %.2f s (%.1f MB/s)\n",
             first, job->split_count > 1 ? " and the following shards" : "", plan->n,
             (double)bytes / (1024.0 * 1024.0), dt, dt > 0 ? (double)bytes / 1e6 / dt : 0.0);
