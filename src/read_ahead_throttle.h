@@ -10,8 +10,11 @@
  * epochs, each with read-ahead on or off, keeps a running time per token
  * for both, runs the faster one, and gives the other one epoch in every
  * `explore_every` so that a change (a quieter disk, a colder cache) is seen.
- * It starts with read-ahead off, so that a run that never learns it pays
- * loses at most the one trial epoch.
+ * Until both are measured it runs the side it starts with: decode starts
+ * off, because its guesses lost where they were measured; prompts start on,
+ * because a prompt's whole-layer read-ahead is no guess and gained 24-52%
+ * (bench/PIPELINE.md). Either way the side that loses gets one epoch in
+ * explore_every, which bounds what it costs.
  *
  * Pure like the predictors: the caller passes each ubatch's time in; no
  * clock, no I/O, no globals, no allocation. Not thread-safe.
@@ -31,13 +34,14 @@
 #define GUANACO_THROTTLE_DECODE_EXPLORE_EVERY 8u
 /* Prompts: a ubatch takes seconds and comes a few at a time, so each one is an epoch. */
 #define GUANACO_THROTTLE_PROMPT_EPOCH 1u
-#define GUANACO_THROTTLE_PROMPT_EXPLORE_EVERY 4u
+#define GUANACO_THROTTLE_PROMPT_EXPLORE_EVERY 8u
 /* Read-ahead must be this much faster than off to be chosen: a tie goes to off, which wastes nothing. */
 #define GUANACO_THROTTLE_MARGIN 0.02
 
 struct guanaco_read_ahead_throttle {
     uint32_t epoch_ubatches, explore_every;
     bool enabled;                 /* false: read-ahead always on (--guanaco-prefetch-throttle off) */
+    bool start_on;                /* the side run until both are measured */
     bool on;                      /* what the current epoch runs */
     uint32_t in_epoch;            /* ubatches of the current epoch measured so far */
     double times[GUANACO_THROTTLE_MAX_EPOCH]; /* their ns per token */
@@ -47,8 +51,8 @@ struct guanaco_read_ahead_throttle {
 };
 
 /* epoch_ubatches from 1 to GUANACO_THROTTLE_MAX_EPOCH, explore_every at least 2. 0 or -EINVAL. */
-int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool enabled, uint32_t epoch_ubatches,
-                                     uint32_t explore_every);
+int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool enabled, bool start_on,
+                                     uint32_t epoch_ubatches, uint32_t explore_every);
 
 /* Whether the next ubatch reads ahead. A ubatch keeps the answer it started with. */
 bool guanaco_read_ahead_throttle_allows(const struct guanaco_read_ahead_throttle *t);

@@ -35,17 +35,23 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
     for run in "guanaco uring 3M direct pilot" "lru threads 3M page-cache pilot" "layer-lru uring 2M page-cache none" \
                "layer-lru threads 2M direct none" "lfu threads 4M direct pilot" "guanaco threads 3M page-cache pilot" \
                "layer-lru uring 4M page-cache pilot --ubatch 16" "lru uring 3M page-cache gate" \
-               "guanaco threads 2M page-cache gate --ubatch 16" "lru uring 3M page-cache throttled-gate"; do
+               "guanaco threads 2M page-cache gate --ubatch 16" "lru uring 3M page-cache throttled-gate --gen-tokens 40"; do
         set -- $run
         name="$1.$2.$5${6:+.${6#--}$7}"
-        # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches
+        # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches (40 tokens: decode
+        # starts off and first tries read-ahead at its 8th epoch of 4 tokens)
         throttle=off predictor=$5
         [ "${5#throttled-}" != "$5" ] && throttle=on predictor=${5#throttled-}
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
             GUANACO_PREFETCH=$predictor GUANACO_PREFETCH_THROTTLE=$throttle \
             "$LOGITS_DUMP" "$m" "$W/$arch.$name.bin" ${6:+$6 $7} >"$W/$arch.$name.log" 2>&1
         rc=$?
-        grep -q "residency: budget" "$W/$arch.$name.log" && [ $rc -eq 0 ] && cmp -s "$W/$arch.off.bin" "$W/$arch.$name.bin"
+        ref="$W/$arch.off.bin"
+        if [ "${6:-}" = --gen-tokens ]; then
+            ref="$W/$arch.off.gen$7.bin"
+            [ -f "$ref" ] || env -u GUANACO_STREAMING GUANACO_REFERENCE=1 "$LOGITS_DUMP" "$m" "$ref" $6 $7 >/dev/null 2>&1
+        fi
+        grep -q "residency: budget" "$W/$arch.$name.log" && [ $rc -eq 0 ] && cmp -s "$ref" "$W/$arch.$name.bin"
         check "$arch $quant: budget $3, policy $1, io $2, load $4, prefetch $5 ${6:-} ${7:-}== off --guanaco-reference" $? \
             "rc=$rc $(grep -E 'guanaco: (error|residency)' "$W/$arch.$name.log" | head -3)"
         # page-cache loading with a predictor must really read ahead and use some of it
