@@ -14,8 +14,12 @@
  * accounting, and its pages are dropped again. The price is the transient
  * overshoot of one layer's working set described in residency.h.
  *
- * `loaded` mirrors the policy's residency slot by slot (it is what the
- * edge-page rule consults, and the policy only answers one slot at a time).
+ * What is resident has one source of truth, the policy's resident set; the
+ * engine asks it (guanaco_policy_is_resident) and keeps no copy. Only the
+ * call under way holds more: read_call marks the experts it read and mapped
+ * before the policy hears of them, so the edge-page rule keeps their pages.
+ * If the policy refuses the call, those are dropped again, and the mapping
+ * agrees with the policy.
  */
 #include "residency.h"
 #include "log.h"
@@ -101,11 +105,12 @@ struct guanaco_residency {
     enum guanaco_residency_load load;
     uint32_t max_tensors_in_layer;
 
-    uint8_t *loaded; /* n_layer * n_expert: resident in the accounting (mirrors the policy) */
     uint64_t *evicted_at; /* n_layer * n_expert: token + 1 of the last eviction, 0 = never; for churn */
 
     /* per-call scratch, sized at create */
     uint64_t call;
+    uint32_t read_layer;      /* the layer of the call under way while read_call counts; UINT32_MAX otherwise */
+    uint64_t *read_call;      /* n_expert: the call that read and mapped the expert, until the policy hears of it */
     uint64_t *seen_call;      /* n_expert: the call that last saw the id, for distinct ids */
     uint32_t *distinct;       /* n_expert */
     uint32_t *missing;        /* n_expert */
@@ -135,6 +140,7 @@ struct guanaco_residency {
     uint32_t predictions;
     bool told_prompt_room;
 
+    int policy_fault;       /* tests only: the next call's policy access fails with it (0 = none) */
     bool stale;             /* a shard changed on disk: every later call fails */
     bool populate_by_touch; /* MADV_POPULATE_READ is missing: touch one byte per page instead */
     struct guanaco_residency_stats stats;
@@ -171,9 +177,17 @@ static uint32_t prefetch_run_experts(const struct guanaco_residency *r, uint32_t
     return n ? (uint32_t)(n < r->n_expert ? n : r->n_expert) : 1;
 }
 
-/* Whether the slot's pages are wanted: resident, or being read ahead. */
-static bool holds(const struct guanaco_residency *r, size_t slot) {
-    return r->loaded[slot] || (r->run_of_slot && r->run_of_slot[slot]);
+/* Whether the call under way read and mapped expert e of `layer`, which the policy has not heard of yet. */
+static bool read_by_call(const struct guanaco_residency *r, uint32_t layer, uint32_t e) {
+    return layer == r->read_layer && r->read_call[e] == r->call;
+}
+
+/* Whether the expert's pages are wanted: resident (the policy's answer), read by the call under way, or being
+   read ahead. */
+static bool holds(const struct guanaco_residency *r, uint32_t layer, uint32_t e) {
+    size_t slot = (size_t)layer * r->n_expert + e;
+    return guanaco_policy_is_resident(r->policy, layer, e) || read_by_call(r, layer, e) ||
+           (r->run_of_slot && r->run_of_slot[slot]);
 }
 
 static int prefetch_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
@@ -304,7 +318,7 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->tensors);
     free(r->layers);
     free(r->shards);
-    free(r->loaded);
+    free(r->read_call);
     free(r->evicted_at);
     free(r->staging); /* load_experts never leaves a buffer in it */
     free(r->edge_scratch);
@@ -356,7 +370,8 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->tensors = calloc(n_tensors ? n_tensors : 1, sizeof(*r->tensors));
     r->layers = calloc(r->n_layer, sizeof(*r->layers));
     r->shards = calloc(n_tensors ? n_tensors : 1, sizeof(*r->shards));
-    r->loaded = calloc(slots, 1);
+    r->read_layer = UINT32_MAX;
+    r->read_call = calloc(r->n_expert, sizeof(*r->read_call));
     r->evicted_at = calloc(slots, sizeof(*r->evicted_at));
     r->seen_call = calloc(r->n_expert, sizeof(*r->seen_call));
     r->distinct = calloc(r->n_expert, sizeof(*r->distinct));
@@ -366,7 +381,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->policy_missing = calloc(r->n_expert, sizeof(*r->policy_missing));
     r->audit_vector = malloc(AUDIT_PAGES);
     uint64_t *expert_bytes = calloc(r->n_layer, sizeof(*expert_bytes));
-    if (!r->tensors || !r->layers || !r->shards || !r->loaded || !r->evicted_at || !r->seen_call || !r->distinct || !r->missing ||
+    if (!r->tensors || !r->layers || !r->shards || !r->read_call || !r->evicted_at || !r->seen_call || !r->distinct || !r->missing ||
         !r->missing_error || !r->accessed || !r->policy_missing || !r->audit_vector || !expert_bytes) {
         err = -ENOMEM;
         goto fail;
@@ -565,7 +580,7 @@ static bool page_droppable(const struct guanaco_residency *r, uint32_t layer, co
     uint64_t first = (page - t->begin) / t->stride;
     uint64_t last = (page + r->page - 1 - t->begin) / t->stride;
     for (uint64_t e = first; e <= last; e++) {
-        if (holds(r, (size_t)layer * r->n_expert + e)) {
+        if (holds(r, layer, (uint32_t)e)) {
             return false;
         }
     }
@@ -654,16 +669,15 @@ static int drop_unaccounted_locked(struct guanaco_residency *r) {
     int first_error = 0;
     for (uint32_t layer = 0; layer < r->n_layer; layer++) {
         const struct layer *l = &r->layers[layer];
-        const size_t first_slot = (size_t)layer * r->n_expert;
         for (uint32_t i = 0; i < l->n_tensors; i++) {
             const struct tensor *t = &r->tensors[l->first_tensor + i];
             for (uint32_t e = 0; e < r->n_expert;) {
-                if (holds(r, first_slot + e)) {
+                if (holds(r, layer, e)) {
                     e++;
                     continue;
                 }
                 uint32_t run_end = e;
-                while (run_end < r->n_expert && !holds(r, first_slot + run_end)) {
+                while (run_end < r->n_expert && !holds(r, layer, run_end)) {
                     run_end++;
                 }
                 uint64_t a = t->begin + (uint64_t)e * t->stride, b = t->begin + (uint64_t)run_end * t->stride;
@@ -881,14 +895,9 @@ static int populate_slices(struct guanaco_residency *r, const struct layer *l, u
     return 0;
 }
 
-/* An expert that is now really mapped enters the accounting; its load may be churn. */
-static void admit_loaded(struct guanaco_residency *r, uint32_t layer, uint32_t e, uint64_t token) {
-    size_t slot = (size_t)layer * r->n_expert + e;
-    r->loaded[slot] = 1;
-    r->stats.expert_loads++;
-    if (r->evicted_at[slot] && token + 1 - r->evicted_at[slot] <= GUANACO_RESIDENCY_CHURN_TOKENS) {
-        r->stats.churn_loads++;
-    }
+/* An expert of the call under way is now really mapped; the policy hears of it at the end of the call. */
+static void admit_loaded(struct guanaco_residency *r, uint32_t e) {
+    r->read_call[e] = r->call;
 }
 
 /* Starts the reads of the n missing experts of `layer` in one urgent job; returns the request count. */
@@ -905,12 +914,12 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
 
 /*
  * Waits for submit_demand's job, then maps each expert whose reads all
- * succeeded. Marks the successes loaded and sets missing_error[i] for each
+ * succeeded. Marks the successes read (read_call) and sets missing_error[i] for each
  * failure. A failed expert's DIRECT copies are freed unseen: nothing
  * partial is ever placed in the mapping. Returns the first error.
  */
 static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, size_t n_requests,
-                         struct guanaco_io_job *job, uint64_t token, uint64_t read_start) {
+                         struct guanaco_io_job *job, uint64_t read_start) {
     const struct layer *l = &r->layers[layer];
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
     (void)guanaco_io_wait(r->io, job);
@@ -929,7 +938,7 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
             }
         }
         if (r->missing_error[i] == 0) {
-            admit_loaded(r, layer, r->missing[i], token);
+            admit_loaded(r, r->missing[i]);
         } else {
             r->stats.load_failures++;
         }
@@ -953,11 +962,11 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
 }
 
 /* Reads and maps the n missing experts of `layer` (r->missing) and waits for them. */
-static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, uint64_t token) {
+static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n) {
     struct guanaco_io_job job;
     uint64_t start = now_ns();
     size_t n_requests = submit_demand(r, layer, n, &job);
-    return finish_demand(r, layer, n, n_requests, &job, token, start);
+    return finish_demand(r, layer, n, n_requests, &job, start);
 }
 
 /* ---- read-ahead ---- */
@@ -1004,8 +1013,7 @@ static void release_run(struct guanaco_residency *r, struct prefetch_run *run) {
  * expert whose read-ahead failed goes to r->missing[*n_missing...] so the
  * demand path reads it again. Returns the number of experts admitted.
  */
-static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64_t call, uint64_t token,
-                             size_t *n_missing) {
+static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64_t call, size_t *n_missing) {
     size_t admitted = 0;
     const struct layer *l = &r->layers[layer];
     for (uint32_t i = 0; i < r->n_runs; i++) {
@@ -1043,7 +1051,7 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
             /* the reads were issued at once; whether the disk had answered shows in the page cache */
             bool hidden = expert_cached(r, layer, e);
             if (err == 0 && populate_slices(r, l, e) == 0) {
-                admit_loaded(r, layer, e, token);
+                admit_loaded(r, e);
                 r->stats.prefetch_used_bytes += per_expert;
                 r->stats.prefetch_used_experts++;
                 r->stats.prefetch_hidden_bytes += hidden ? per_expert : 0;
@@ -1064,11 +1072,10 @@ static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t
         size_t n_victims = 0;
         int ret = guanaco_policy_evict(r->policy, layer, r->victim_layers, r->victim_experts, VICTIM_CAPACITY,
                                        &n_victims);
-        /* All of a round's victims are marked first, so a page two of them share goes with the second. */
+        /* The policy has forgotten all of the round's victims already, so a page two of them share goes
+           with the second. */
         for (size_t v = 0; v < n_victims; v++) {
-            size_t slot = (size_t)r->victim_layers[v] * r->n_expert + r->victim_experts[v];
-            r->loaded[slot] = 0;
-            r->evicted_at[slot] = token + 1;
+            r->evicted_at[(size_t)r->victim_layers[v] * r->n_expert + r->victim_experts[v]] = token + 1;
         }
         for (size_t v = 0; v < n_victims; v++) {
             int e = drop_expert(r, r->victim_layers[v], r->victim_experts[v]);
@@ -1111,7 +1118,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         }
         r->prediction_stamp[slot] = stamp;
         /* most likely first: what the allowance cuts off is the least likely */
-        if (i < n_read && r->prefetch_allowance && !holds(r, slot) &&
+        if (i < n_read && r->prefetch_allowance && !holds(r, layer, experts[i]) &&
             r->prefetch_outstanding + (wanted + 1) * expert_bytes <= r->prefetch_allowance) {
             r->missing[wanted++] = experts[i]; /* r->missing is free between calls */
         }
@@ -1188,6 +1195,52 @@ int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, cons
 
 /* ---- one call ---- */
 
+/*
+ * Tells the policy which of the call's n_distinct experts are really resident
+ * now: those it held (the hits) and those the call read and mapped. Then the
+ * reads are counted, as loads (maybe churn), or, when the policy refused the
+ * call, as failures: nothing entered its accounting, and the caller drops
+ * them. Ends the call's read marks. 0 or the policy's error.
+ */
+static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token) {
+    size_t n_accessed = 0;
+    for (size_t i = 0; i < n_distinct; i++) {
+        uint32_t e = r->distinct[i];
+        if (guanaco_policy_is_resident(r->policy, layer, e) || read_by_call(r, layer, e)) {
+            r->accessed[n_accessed++] = e;
+        }
+    }
+    size_t n_policy_missing = 0;
+    int err;
+    if (r->policy_fault) {
+        err = r->policy_fault; /* as a refusal: nothing changes in the policy (policy.h) */
+        r->policy_fault = 0;
+    } else {
+        err = guanaco_policy_access(r->policy, layer, r->accessed, n_accessed, token, r->policy_missing,
+                                    &n_policy_missing);
+    }
+    if (err) {
+        guanaco_log_error("residency: policy refused layer %u: %s; the experts read for it are dropped", layer,
+                          strerror(-err));
+    }
+    for (size_t i = 0; i < n_distinct; i++) {
+        uint32_t e = r->distinct[i];
+        if (!read_by_call(r, layer, e)) {
+            continue;
+        }
+        size_t slot = (size_t)layer * r->n_expert + e;
+        if (err) {
+            r->stats.load_failures++;
+        } else {
+            r->stats.expert_loads++;
+            r->stats.churn_loads +=
+                r->evicted_at[slot] && token + 1 - r->evicted_at[slot] <= GUANACO_RESIDENCY_CHURN_TOKENS;
+        }
+    }
+    r->read_layer = UINT32_MAX;
+    return err;
+}
+
 static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
                           uint64_t token) {
     if (layer >= r->n_layer || (n_ids > 0 && !ids)) {
@@ -1228,11 +1281,10 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         r->layer_prediction[layer] = 0;
     }
 
-    uint8_t *loaded = r->loaded + (size_t)layer * r->n_expert;
     size_t n_missing = 0;
     for (size_t i = 0; i < n_distinct; i++) {
         size_t slot = (size_t)layer * r->n_expert + r->distinct[i];
-        if (loaded[r->distinct[i]]) {
+        if (guanaco_policy_is_resident(r->policy, layer, r->distinct[i])) {
             r->stats.hits++;
             r->stats.pinned_hits += guanaco_policy_is_pinned(r->policy, layer, r->distinct[i]);
         } else if (!r->run_of_slot || !r->run_of_slot[slot]) {
@@ -1240,49 +1292,41 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         }
     }
     int first_error = 0;
+    r->read_layer = layer; /* from here to the policy's answer, read_call marks what this call mapped */
     if (r->runs) {
         /* What is missing goes first (urgent); read-ahead of this layer lands meanwhile and is claimed. */
         struct guanaco_io_job job;
         uint64_t start = now_ns();
         size_t n_requests = n_missing ? submit_demand(r, layer, n_missing, &job) : 0;
         size_t n_demand = n_missing;
-        (void)claim_prefetch(r, layer, call, token, &n_missing);
+        (void)claim_prefetch(r, layer, call, &n_missing);
         if (n_demand) {
-            first_error = finish_demand(r, layer, n_demand, n_requests, &job, token, start);
+            first_error = finish_demand(r, layer, n_demand, n_requests, &job, start);
         }
         if (n_missing > n_demand) {
             /* read-ahead that failed: once more, the ordinary way */
             memmove(r->missing, r->missing + n_demand, (n_missing - n_demand) * sizeof(*r->missing));
-            int err = load_experts(r, layer, n_missing - n_demand, token);
+            int err = load_experts(r, layer, n_missing - n_demand);
             first_error = first_error ? first_error : err;
         }
     } else if (n_missing) {
-        first_error = load_experts(r, layer, n_missing, token);
+        first_error = load_experts(r, layer, n_missing);
     }
 
-    /* The policy hears only about what is really resident now. */
-    size_t n_accessed = 0;
-    for (size_t i = 0; i < n_distinct; i++) {
-        if (loaded[r->distinct[i]]) {
-            r->accessed[n_accessed++] = r->distinct[i];
+    err = tell_policy(r, layer, n_distinct, token);
+    /* What the policy does not hold is no one's: the pages a failed expert left cached or mapped, and,
+       when the policy refused the call, everything the call read. */
+    for (size_t i = 0; (first_error || err) && i < n_distinct; i++) {
+        if (!guanaco_policy_is_resident(r->policy, layer, r->distinct[i])) {
+            (void)drop_expert(r, layer, r->distinct[i]);
         }
     }
-    size_t n_policy_missing = 0;
-    err = guanaco_policy_access(r->policy, layer, r->accessed, n_accessed, token, r->policy_missing, &n_policy_missing);
     if (err) {
-        guanaco_log_error("residency: policy refused layer %u: %s", layer, strerror(-err));
         return err;
     }
     uint64_t resident = guanaco_policy_resident_bytes(r->policy) + r->prefetch_outstanding;
     if (resident > r->stats.peak_resident_bytes) {
         r->stats.peak_resident_bytes = resident;
-    }
-
-    /* A failed expert may have left pages cached or mapped; they are no one's now. */
-    for (size_t i = 0; first_error && i < n_distinct; i++) {
-        if (!loaded[r->distinct[i]]) {
-            (void)drop_expert(r, layer, r->distinct[i]);
-        }
     }
 
     int drop_error = evict_by_policy(r, layer, token);
@@ -1332,9 +1376,8 @@ int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_lay
         const struct layer *l = &r->layers[layer];
         size_t n = 0;
         for (uint32_t e = 0; e < r->n_expert && n < per_layer && l->n_tensors; e++) {
-            size_t slot = (size_t)layer * r->n_expert + e;
-            if (!r->loaded[slot] && expert_cached(r, layer, e) && populate_slices(r, l, e) == 0) {
-                r->loaded[slot] = 1;
+            if (!guanaco_policy_is_resident(r->policy, layer, e) && expert_cached(r, layer, e) &&
+                populate_slices(r, l, e) == 0) {
                 r->accessed[n++] = e;
             }
         }
@@ -1343,6 +1386,14 @@ int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_lay
         }
         size_t n_policy_missing = 0;
         err = guanaco_policy_access(r->policy, layer, r->accessed, n, 0, r->policy_missing, &n_policy_missing);
+        if (err) {
+            /* the policy holds none of them: neither does the mapping */
+            guanaco_log_error("residency: policy refused adopting layer %u: %s", layer, strerror(-err));
+            for (size_t i = 0; i < n; i++) {
+                (void)drop_expert(r, layer, r->accessed[i]);
+            }
+            break;
+        }
         *adopted += n;
     }
     if (!err) {
@@ -1369,7 +1420,7 @@ bool guanaco_residency_is_resident(const struct guanaco_residency *r, uint32_t l
     }
     struct guanaco_residency *m = (struct guanaco_residency *)r;
     pthread_mutex_lock(&m->lock);
-    bool resident = r->loaded[(size_t)layer * r->n_expert + expert] != 0;
+    bool resident = guanaco_policy_is_resident(r->policy, layer, expert);
     pthread_mutex_unlock(&m->lock);
     return resident;
 }
@@ -1427,6 +1478,12 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
 void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t after_bytes, int error) {
     pthread_mutex_lock(&r->lock);
     guanaco_io_inject_fault(r->io, after_bytes, error);
+    pthread_mutex_unlock(&r->lock);
+}
+
+void guanaco_residency_inject_policy_fault(struct guanaco_residency *r, int error) {
+    pthread_mutex_lock(&r->lock);
+    r->policy_fault = error;
     pthread_mutex_unlock(&r->lock);
 }
 

@@ -35,6 +35,10 @@
  * error from prepare_layer and leaves that expert non-resident (in the
  * policy's accounting and in the mapping); the others of the call are fine
  * and a later call retries it. The caller must not let the layer compute.
+ * If the policy refuses the call (guanaco_policy_access fails), its error is
+ * returned and every expert the call read is dropped again: the policy's
+ * resident set is the one truth, and is_resident, the accounting and the
+ * mapping all follow it.
  *
  * File-change guard: each shard's size and mtime are recorded at create and
  * re-checked (one fstat per shard) on every prepare_layer; a change fails
@@ -212,6 +216,10 @@ int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_lay
 
 /* Tests only: arm io.h's one-shot fault (guanaco_io_inject_fault) on the engine's reader. */
 void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t after_bytes, int error);
+
+/* Tests only: the next prepare_layer's guanaco_policy_access fails with `error` (< 0) instead of running, as a
+   refusal does: the policy changes nothing. 0 disarms. */
+void guanaco_residency_inject_policy_fault(struct guanaco_residency *r, int error);
 
 /* Frees the engine; NULL is accepted. Drops nothing: the mapping's owner unmaps it. */
 void guanaco_residency_destroy(struct guanaco_residency *r);

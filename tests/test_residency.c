@@ -659,6 +659,52 @@ static void test_faults(const struct model *m, enum guanaco_io_backend io) {
     guanaco_residency_destroy(r);
 }
 
+/*
+ * The policy refuses a call after its experts were read (issue 11): the
+ * engine's view and the policy's must still agree, and so must the memory.
+ * The experts read for the refused call are not resident (is_resident, the
+ * accounting and the page cache all say so), the ones resident before stay,
+ * and a later call loads them normally. With read-ahead too: a claimed guess
+ * is dropped like a demand read.
+ */
+static void test_policy_refusal(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    uint64_t budget = EXPERT_BYTES * N_EXPERT * 2;
+    struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
+    config.prefetch_bytes = load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE ? budget / 2 : 0;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    int32_t before[] = {2, 3};
+    CHECK(guanaco_residency_prepare_layer(r, 1, before, 2, 0) == 0);
+    verify(m, r, 1, before, 2, budget, 0, -1);
+    uint32_t guess[] = {6, 7};
+    CHECK(guanaco_residency_prefetch(r, 1, guess, 2, 2, 0, 0) == 0);
+    int32_t ids[] = {3, 4, 5, 6, 4};
+    guanaco_residency_inject_policy_fault(r, -EINVAL);
+    fprintf(stderr, "(a 'policy refused' error follows)\n");
+    CHECK(guanaco_residency_prepare_layer(r, 1, ids, 5, 1) == -EINVAL);
+    CHECK(guanaco_residency_is_resident(r, 1, 2) && guanaco_residency_is_resident(r, 1, 3));
+    for (uint32_t e = 4; e <= 7; e++) {
+        CHECK(!guanaco_residency_is_resident(r, 1, e));
+    }
+    verify(m, r, UINT32_MAX, NULL, 0, budget, 0, -1); /* every page agrees with is_resident and the accounting */
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.resident_bytes == 2 * EXPERT_BYTES);
+    CHECK(st.prefetch_outstanding_bytes == 0);
+    CHECK(st.accesses == st.hits + st.expert_loads + st.load_failures);
+    CHECK(st.load_failures == 3 && st.expert_loads == 2);
+    /* nothing is left armed: the same call now succeeds and loads them */
+    CHECK(guanaco_residency_prepare_layer(r, 1, ids, 5, 2) == 0);
+    verify(m, r, 1, ids, 5, budget, 0, -1);
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.resident_bytes == 5 * EXPERT_BYTES && st.expert_loads == 5);
+    guanaco_residency_destroy(r);
+}
+
 /* ---- the file changes underneath ---- */
 
 static void test_file_changes(enum guanaco_io_backend io) {
@@ -852,6 +898,7 @@ int main(void) {
             test_warm_start(&m, io);
         }
         test_faults(&m, io);
+        test_policy_refusal(&m, io);
         test_threads(&m, io);
         test_file_changes(io);
     }
