@@ -66,7 +66,7 @@ if [ "${1:-}" != --assemble ]; then
     # ram here is the warm prompt reference for the prompt's physical limit; decode compute stays qwen_ms
     bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 --tokens "$TOKENS" \
         --prompt 32 --reps "$REPS" --compute-ms "$qwen_ms" \
-        --variants "ram plain lazy guanaco:layer-lru:direct:uring guanaco:layer-lru:page-cache:uring guanaco:layer-lru:direct:threads guanaco:lru guanaco:lfu guanaco:guanaco" \
+        --variants "ram plain lazy guanaco:layer-lru:direct:io_uring guanaco:layer-lru:page-cache:io_uring guanaco:layer-lru:direct:threads guanaco:lru guanaco:lfu guanaco:guanaco" \
         --out "$DIR/qwen3-variants" --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25% budget: every variant"
     bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets "10 25 50" \
         --variants "plain guanaco" --tokens "$TOKENS" --prompt 0 --reps "$REPS" --compute-ms "$mixtral_ms" \

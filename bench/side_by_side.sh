@@ -32,7 +32,7 @@
 #                    prefetch takes none|pilot|gate (the engine's default is pilot), e.g.
 #                      guanaco+prefetch=none                           default configuration, prefetch off
 #                      guanaco+prefetch=pilot                          default configuration, prefetch on
-#                      guanaco:layer-lru:page-cache:uring+prefetch=none
+#                      guanaco:layer-lru:page-cache:io_uring+prefetch=none
 #                    Settings come after the script's own GUANACO_STATUS_EVERY=1,
 #                    GUANACO_AUDIT=0 and GUANACO_TRACE_OUT, so they override them (the
 #                    miss, stall and prompt columns need STATUS_EVERY=1).

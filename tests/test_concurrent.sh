@@ -62,8 +62,8 @@ check "streaming, no budget: concurrent == alone == streaming off" $? "rc=$rc $(
 
 # Under a budget: every context's router drives the one residency engine.
 # The last field is the read-ahead predictor (page-cache loading reads ahead; direct ignores it).
-for spec in "lru uring direct pilot" "lru threads page-cache pilot" "layer-lru uring page-cache pilot" \
-            "layer-lru threads direct none" "layer-lru threads page-cache none" "lru uring page-cache gate"; do
+for spec in "lru io_uring direct pilot" "lru threads page-cache pilot" "layer-lru io_uring page-cache pilot" \
+            "layer-lru threads direct none" "layer-lru threads page-cache none" "lru io_uring page-cache gate"; do
     set -- $spec
     policy=$1 io=$2 load=$3 name="budget-$1-$2-$3-$4"
     GUANACO_STREAMING=1 GUANACO_RAM=$budget GUANACO_MAX_EXPERTS=2 GUANACO_POLICY=$policy GUANACO_IO=$io \
@@ -71,7 +71,6 @@ for spec in "lru uring direct pilot" "lru threads page-cache pilot" "layer-lru u
     line=$(grep 'residency: budget' "$W/$name.log")
     # io_uring may be unavailable (old kernel, seccomp): the engine then says so and uses threads.
     want_io=$io
-    [ "$io" = uring ] && want_io=io_uring
     grep -q 'io_uring is not available' "$W/$name.log" && want_io=threads
     e=$(evictions "$W/$name.log")
     [ $rc -eq 0 ] && grep -q 'all logits equal the lone runs' "$W/$name.log" &&
@@ -101,7 +100,7 @@ if [ -z "${HELGRIND_GGML_DIR:-}" ]; then
 elif ! command -v valgrind >/dev/null; then
     echo "SKIP helgrind: valgrind is not installed"
 else
-    for spec in "page-cache threads" "direct uring"; do
+    for spec in "page-cache threads" "direct io_uring"; do
         set -- $spec
         load=$1 io=$2
         vg="$W/helgrind-$load.vg"

@@ -32,10 +32,12 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
     check "$arch $quant off" $? "$(tail -2 "$W/$arch.off.log")"
     # The last field is the read-ahead: every predictor (gate too), and the whole next layer for the 48-token prompt
     # (--ubatch 16 makes three prompt ubatches, so the pilot also guesses for multi-token batches).
-    for run in "guanaco uring 3M direct pilot" "lru threads 3M page-cache pilot" "layer-lru uring 2M page-cache none" \
-               "layer-lru threads 2M direct none" "lfu threads 4M direct pilot" "guanaco threads 3M page-cache pilot" \
-               "layer-lru uring 4M page-cache pilot --ubatch 16" "lru uring 3M page-cache gate" \
-               "guanaco threads 2M page-cache gate --ubatch 16" "lru uring 3M page-cache throttled-gate --gen-tokens 40"; do
+    for run in "guanaco io_uring 3M direct pilot" "lru threads 3M page-cache pilot" \
+               "layer-lru io_uring 2M page-cache none" "layer-lru threads 2M direct none" \
+               "lfu threads 4M direct pilot" "guanaco threads 3M page-cache pilot" \
+               "layer-lru io_uring 4M page-cache pilot --ubatch 16" "lru io_uring 3M page-cache gate" \
+               "guanaco threads 2M page-cache gate --ubatch 16" \
+               "lru io_uring 3M page-cache throttled-gate --gen-tokens 40"; do
         set -- $run
         name="$1.$2.$5${6:+.${6#--}$7}"
         # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches (40 tokens: decode
