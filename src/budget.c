@@ -12,6 +12,8 @@
  */
 #include "budget.h"
 
+#include <stdio.h>
+
 #define MARGIN_UNKNOWN_BYTES (1ull << 30)
 #define MARGIN_UNKNOWN_SHARE 0.10
 #define MARGIN_KNOWN_BYTES (256ull << 20)
@@ -32,6 +34,18 @@ void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int6
 
 double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes) {
     return ((double)budget + (double)non_expert_bytes + (double)MARGIN_UNKNOWN_BYTES) / (1.0 - MARGIN_UNKNOWN_SHARE);
+}
+
+void guanaco_auto_budget_margin_rule(bool contexts_known, char *text, size_t size) {
+    uint64_t bytes = contexts_known ? MARGIN_KNOWN_BYTES : MARGIN_UNKNOWN_BYTES;
+    double share = contexts_known ? MARGIN_KNOWN_SHARE : MARGIN_UNKNOWN_SHARE;
+    bool whole_gib = bytes % (1ull << 30) == 0;
+    snprintf(text, size, "%llu %s + %.0f%%", (unsigned long long)(bytes >> (whole_gib ? 30 : 20)),
+             whole_gib ? "GiB" : "MiB", share * 100.0);
+}
+
+uint64_t guanaco_read_ahead_allowance(uint64_t budget_bytes) {
+    return budget_bytes / 2;
 }
 
 uint32_t guanaco_preload_count(uint64_t budget_bytes, uint64_t total_expert_bytes, uint32_t n_expert,

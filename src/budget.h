@@ -11,6 +11,7 @@
 #include "manifest.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct guanaco_auto_budget {
@@ -26,6 +27,15 @@ void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int6
 
 /* The memory at which the load-time rule (contexts unknown) gives `budget`: the rule read backwards. */
 double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes);
+
+/* The rule's margin in words, "1 GiB + 10%" (contexts unknown) or "256 MiB + 5%" (known), written into
+   `text` from the same constants, for the lines that explain a budget (the engine's log, guanaco-plan). */
+void guanaco_auto_budget_margin_rule(bool contexts_known, char *text, size_t size);
+
+/* The most bytes read-ahead may hold at once: half the budget, room for a prompt's whole next layer or a
+   few experts in decode, with the other half for the layer being computed. The engine, the residency
+   engine's budget changes and the simulator all take it from here. */
+uint64_t guanaco_read_ahead_allowance(uint64_t budget_bytes);
 
 /*
  * How many experts --guanaco-preload puts in each MoE layer: the layer's

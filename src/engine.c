@@ -315,10 +315,12 @@ static uint64_t automatic_budget(struct guanaco_engine *engine) {
     guanaco_auto_budget(memory, m, 0, false, &rule);
     uint64_t margin = rule.margin, budget = rule.budget;
     engine->auto_memory = memory;
-    guanaco_log_info("budget auto: %s %.2f GiB - non-expert weights %.2f GiB - margin %.2f GiB (1 GiB + 10%%, until "
+    char margin_rule[32];
+    guanaco_auto_budget_margin_rule(false, margin_rule, sizeof(margin_rule));
+    guanaco_log_info("budget auto: %s %.2f GiB - non-expert weights %.2f GiB - margin %.2f GiB (%s, until "
                      "the context's buffers are known) = %.2f GiB",
                      limit && memory == limit ? "cgroup limit" : "MemAvailable", gib(memory),
-                     gib(m->total_bytes - m->expert_bytes), gib(margin), gib(budget));
+                     gib(m->total_bytes - m->expert_bytes), gib(margin), margin_rule, gib(budget));
     return budget;
 }
 
@@ -334,11 +336,13 @@ void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes)
     guanaco_auto_budget(engine->auto_memory, &engine->manifest, contexts, true, &rule);
     uint64_t margin = rule.margin, budget = rule.budget;
     guanaco_residency_set_budget(engine->residency, budget);
+    char margin_rule[32];
+    guanaco_auto_budget_margin_rule(true, margin_rule, sizeof(margin_rule));
     guanaco_log_info("budget auto: %.2f GiB - non-expert weights %.2f GiB - contexts' buffers %.2f GiB - margin "
-                     "%.2f GiB (256 MiB + 5%%) = %.2f GiB",
+                     "%.2f GiB (%s) = %.2f GiB",
                      gib(engine->auto_memory), gib(engine->manifest.total_bytes - engine->manifest.expert_bytes),
                      gib((uint64_t)(contexts > 0 ? contexts : 0)), gib(margin - (uint64_t)(contexts > 0 ? contexts : 0)),
-                     gib(budget));
+                     margin_rule, gib(budget));
 }
 
 static int preload(struct guanaco_engine *engine, uint64_t budget, const struct guanaco_imatrix_prior *prior);
@@ -541,9 +545,8 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .io_backend = (enum guanaco_io_backend)o->io,
         .queue_depth = GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH,
         .load = load,
-        /* read-ahead may use up to half the budget: a prompt's whole next layer, or a few experts in decode */
         .prefetch_bytes = o->prefetch != GUANACO_PREDICTOR_NONE && load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE
-                              ? budget / 2 : 0,
+                              ? guanaco_read_ahead_allowance(budget) : 0,
     };
     int err = guanaco_residency_create(&config, &engine->residency);
     if (err == -ENOSYS && config.io_backend == GUANACO_IO_URING) {

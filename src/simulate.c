@@ -230,8 +230,8 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
             }
         }
     }
-    /* what is not resident, within the read-ahead allowance of half the budget */
-    const uint64_t expert_bytes = trace->expert_bytes[next], allowance = run->budget / 2;
+    /* what is not resident, within the engine's read-ahead allowance */
+    const uint64_t expert_bytes = trace->expert_bytes[next], allowance = guanaco_read_ahead_allowance(run->budget);
     size_t wanted = 0;
     for (size_t i = 0; i < n_read; i++) {
         if (!guanaco_policy_is_resident(run->policy, next, run->guess[i]) && (wanted + 1) * expert_bytes <= allowance) {

@@ -5,6 +5,7 @@
  * one), the engine's dense passthrough, and the router hook reading a strided
  * ffn_moe_topk view and chaining a user callback.
  */
+#include "budget.h"
 #include "engine.h"
 #include "guanaco.h"
 #include "io.h"
@@ -473,10 +474,36 @@ static void test_file_layout(const char *dir) {
     unlink(path);
 }
 
+/* The budget's rules (budget.h), which the engine, guanaco-plan and the simulator all call. */
+static void test_budget(void) {
+    char rule[32];
+    guanaco_auto_budget_margin_rule(false, rule, sizeof(rule));
+    CHECK(strcmp(rule, "1 GiB + 10%") == 0);
+    guanaco_auto_budget_margin_rule(true, rule, sizeof(rule));
+    CHECK(strcmp(rule, "256 MiB + 5%") == 0);
+    CHECK(guanaco_read_ahead_allowance(1000) == 500 && guanaco_read_ahead_allowance(0) == 0);
+    /* the load-time rule read backwards gives back the budget it was read from */
+    struct guanaco_manifest m = {.n_expert = 8, .n_moe_layers = 4, .expert_bytes = 8ull << 30,
+                                 .total_bytes = 9ull << 30};
+    struct guanaco_auto_budget auto_budget;
+    double memory = guanaco_auto_budget_memory_needed(3ull << 30, m.total_bytes - m.expert_bytes);
+    guanaco_auto_budget((uint64_t)memory + 1, &m, 0, false, &auto_budget);
+    CHECK(!auto_budget.at_floor && auto_budget.budget >= 3ull << 30 && auto_budget.budget <= (3ull << 30) + 2);
+    /* too little memory: the floor of a quarter layer's experts */
+    guanaco_auto_budget(1ull << 30, &m, 0, false, &auto_budget);
+    CHECK(auto_budget.at_floor && auto_budget.budget == (8ull << 30) / 4 / 4);
+    /* the preload share: whole experts in proportion to the budget, capped by n_expert and max_per_layer */
+    CHECK(guanaco_preload_count(2ull << 30, 8ull << 30, 8, 0) == 2);
+    CHECK(guanaco_preload_count(16ull << 30, 8ull << 30, 8, 0) == 8);
+    CHECK(guanaco_preload_count(4ull << 30, 8ull << 30, 8, 3) == 3);
+    CHECK(guanaco_preload_count(1, 0, 8, 0) == 0);
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "/tmp";
     test_expert_names();
     test_options();
+    test_budget();
     test_manifest(dir);
     test_manifest_keys(dir);
     test_engine_and_hook(dir);

@@ -720,12 +720,14 @@ static void print_table(const struct plan_options *options, const struct plan_sw
                row->mb_per_token, row->tokens_per_second, row->overlapped_tokens_per_second,
                row->from_ram ? "   <- --ram" : "");
     }
+    char margin_rule[32];
+    guanaco_auto_budget_margin_rule(false, margin_rule, sizeof(margin_rule));
     printf("\nresident %% = expert accesses served from RAM over %llu tokens, cold start included; RAM needed = "
-           "budget + other weights + 1 GiB + 10%% (the engine's --guanaco-ram auto rule);\n"
+           "budget + other weights + %s (the engine's --guanaco-ram auto rule);\n"
            "tok/s = 1000 / (%.2f ms compute + MB/token read at %.2f GB/s), compute and reads one after the other;\n"
            "overlapped tok/s = the engine's pipeline with %s read-ahead: each MoE layer takes its share of the "
            "compute plus the reads it still waits for (src/simulate.h)\n",
-           (unsigned long long)n_tokens, speeds->compute_ms, speeds->disk_gbps,
+           (unsigned long long)n_tokens, margin_rule, speeds->compute_ms, speeds->disk_gbps,
            guanaco_predictor_kind_name(options->predictor));
     if (!sweep->all_exact) {
         printf("note: expert sizes differ between layers, so \"optimal\" (farthest next use) is a strong heuristic "
@@ -745,9 +747,11 @@ static uint64_t choose_budget(const struct plan_options *options, const struct p
                      "other weights and the margin; this is the engine's floor of a quarter layer, and nearly "
                      "every expert will come from disk", (double)options->ram_bytes / GIB, (double)non_expert / GIB);
         } else {
+            char margin_rule[32];
+            guanaco_auto_budget_margin_rule(false, margin_rule, sizeof(margin_rule));
             snprintf(why, size, "the largest budget that fits --ram %.2f GiB: minus %.2f GiB of other "
-                     "weights and a margin of 1 GiB + 10%%, as --guanaco-ram auto would compute",
-                     (double)options->ram_bytes / GIB, (double)non_expert / GIB);
+                     "weights and a margin of %s, as --guanaco-ram auto would compute",
+                     (double)options->ram_bytes / GIB, (double)non_expert / GIB, margin_rule);
         }
         return sweep->ram_budget;
     }
