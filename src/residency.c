@@ -334,8 +334,8 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r);
 }
 
-int guanaco_residency_create(const struct guanaco_residency_config *config, struct guanaco_residency **out) {
-    *out = NULL;
+/* The configuration's own limits, checked before anything is allocated. -EINVAL with a message, or 0. */
+static int check_config(const struct guanaco_residency_config *config) {
     if (!config || config->n_layer == 0 || config->n_expert == 0 || !config->tensors_of_layer ||
         !config->tensors_in_layer || config->queue_depth > GUANACO_IO_MAX_QUEUE_DEPTH ||
         (uint64_t)config->n_layer * config->n_expert > UINT32_MAX / 2) {
@@ -343,6 +343,158 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
                           config ? config->n_layer : 0, config ? config->n_expert : 0,
                           config ? config->queue_depth : 0);
         return -EINVAL;
+    }
+    for (uint32_t l = 0; l < config->n_layer; l++) {
+        if (config->tensors_in_layer[l] && !config->tensors_of_layer[l]) {
+            guanaco_log_error("residency: layer %u has %u expert tensors but no array", l, config->tensors_in_layer[l]);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* The tables sized by the model (tensors, layers, shards, per-slot and per-call arrays). 0 or -ENOMEM. */
+static int allocate_tables(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
+    uint64_t n_tensors = 0;
+    for (uint32_t l = 0; l < r->n_layer; l++) {
+        n_tensors += config->tensors_in_layer[l];
+    }
+    size_t slots = (size_t)r->n_layer * r->n_expert;
+    r->tensors = calloc(n_tensors ? n_tensors : 1, sizeof(*r->tensors));
+    r->layers = calloc(r->n_layer, sizeof(*r->layers));
+    r->shards = calloc(n_tensors ? n_tensors : 1, sizeof(*r->shards));
+    r->read_call = calloc(r->n_expert, sizeof(*r->read_call));
+    r->evicted_at = calloc(slots, sizeof(*r->evicted_at));
+    r->seen_call = calloc(r->n_expert, sizeof(*r->seen_call));
+    r->distinct = calloc(r->n_expert, sizeof(*r->distinct));
+    r->missing = calloc(r->n_expert, sizeof(*r->missing));
+    r->missing_error = calloc(r->n_expert, sizeof(*r->missing_error));
+    r->accessed = calloc(r->n_expert, sizeof(*r->accessed));
+    r->policy_missing = calloc(r->n_expert, sizeof(*r->policy_missing));
+    r->audit_vector = malloc(AUDIT_PAGES);
+    bool ok = r->tensors && r->layers && r->shards && r->read_call && r->evicted_at && r->seen_call && r->distinct &&
+              r->missing && r->missing_error && r->accessed && r->policy_missing && r->audit_vector;
+    return ok ? 0 : -ENOMEM;
+}
+
+/* Layer l's expert tensors: each checked, its shard recorded; *requests is the most one call on it can need. */
+static int add_layer(struct guanaco_residency *r, const struct guanaco_residency_config *config, uint32_t l,
+                     uint64_t *requests) {
+    struct layer *layer = &r->layers[l];
+    layer->first_tensor = r->n_tensors;
+    layer->n_tensors = config->tensors_in_layer[l];
+    uint64_t requests_per_expert = 0;
+    for (uint32_t i = 0; i < layer->n_tensors; i++) {
+        const struct guanaco_residency_tensor *t = &config->tensors_of_layer[l][i];
+        int err = check_tensor(r, l, i, t);
+        if (err) {
+            return err;
+        }
+        struct tensor *own = &r->tensors[r->n_tensors++];
+        if ((err = add_shard(r, t->fd, &own->shard)) != 0) {
+            return err;
+        }
+        const struct shard *sh = &r->shards[own->shard];
+        own->fd = t->fd;
+        own->direct_fd = config->load == GUANACO_RESIDENCY_LOAD_DIRECT ? t->direct_fd : -1;
+        own->begin = t->file_offset;
+        own->stride = t->expert_stride;
+        own->end = t->file_offset + t->expert_stride * r->n_expert;
+        own->mapped = t->mapped;
+        if (own->end > (uint64_t)sh->size) {
+            guanaco_log_error("residency: expert tensor %u of layer %u ends at byte %llu but %s has %lld bytes", i, l,
+                              (unsigned long long)own->end, sh->name, (long long)sh->size);
+            return -EINVAL;
+        }
+        layer->expert_bytes += t->expert_stride;
+        /* the chunks, plus LOAD_DIRECT's two edge reads */
+        requests_per_expert += (t->expert_stride + GUANACO_RESIDENCY_CHUNK_BYTES - 1) / GUANACO_RESIDENCY_CHUNK_BYTES + 2;
+    }
+    if (layer->n_tensors > r->max_tensors_in_layer) {
+        r->max_tensors_in_layer = layer->n_tensors;
+    }
+    *requests = requests_per_expert * r->n_expert; /* every expert of the layer missing at once */
+    return 0;
+}
+
+/* Every layer, then the request table for the largest call. 0, -EINVAL (with a message), -ENOMEM or -errno. */
+static int add_layers(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
+    uint64_t most_requests = 0;
+    for (uint32_t l = 0; l < r->n_layer; l++) {
+        uint64_t requests = 0;
+        int err = add_layer(r, config, l, &requests);
+        if (err) {
+            return err;
+        }
+        most_requests = requests > most_requests ? requests : most_requests;
+    }
+    if (most_requests > SIZE_MAX / sizeof(struct guanaco_io_request)) {
+        return -ENOMEM;
+    }
+    r->request_capacity = (size_t)most_requests;
+    r->requests = calloc(most_requests ? most_requests : 1, sizeof(*r->requests));
+    r->request_missing = calloc(most_requests ? most_requests : 1, sizeof(*r->request_missing));
+    return r->requests && r->request_missing ? 0 : -ENOMEM;
+}
+
+/*
+ * Faults on expert pages must read only the faulted page: read-around would
+ * pull non-resident neighbours into the page cache (say when the kernel
+ * reclaimed a page between our read and the populate), and fault-around
+ * would map cached neighbours. MADV_RANDOM turns both off. Rounding outward
+ * only touches the advice of a neighbour's edge page.
+ */
+static void advise_random(const struct guanaco_residency *r) {
+    for (uint32_t i = 0; i < r->n_tensors; i++) {
+        const struct tensor *t = &r->tensors[i];
+        uintptr_t a = (uintptr_t)t->mapped, b = a + (uintptr_t)(t->end - t->begin);
+        a -= a % r->page;
+        b = (b + r->page - 1) / r->page * r->page;
+        (void)madvise((void *)a, b - a, MADV_RANDOM);
+    }
+}
+
+static int create_policy(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
+    uint64_t *expert_bytes = calloc(r->n_layer, sizeof(*expert_bytes));
+    if (!expert_bytes) {
+        return -ENOMEM;
+    }
+    for (uint32_t l = 0; l < r->n_layer; l++) {
+        expert_bytes[l] = r->layers[l].expert_bytes;
+    }
+    struct guanaco_policy_config policy_config = {
+        .kind = config->policy,
+        .n_layer = r->n_layer,
+        .n_expert = r->n_expert,
+        .expert_bytes = expert_bytes,
+        .budget_bytes = config->budget_bytes,
+        .max_per_layer = config->max_experts_per_layer,
+    };
+    int err = guanaco_policy_create(&policy_config, &r->policy);
+    free(expert_bytes);
+    if (err) {
+        guanaco_log_error("residency: cannot create the %s policy: %s", guanaco_policy_kind_name(config->policy),
+                          strerror(-err));
+    }
+    return err;
+}
+
+static int create_reader(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
+    /* Demand reads are cut to GUANACO_RESIDENCY_CHUNK_BYTES here, read-ahead to GUANACO_IO_ADVISE_BYTES. */
+    int err = guanaco_io_create(config->io_backend, r->queue_depth, GUANACO_RESIDENCY_CHUNK_BYTES, &r->io);
+    if (err && err != -ENOSYS) { /* -ENOSYS is the caller's cue to fall back to threads, not an error */
+        guanaco_log_error("residency: cannot create the %s reader: %s", guanaco_io_backend_name(config->io_backend),
+                          strerror(-err));
+    }
+    r->io_backend = config->io_backend;
+    return err;
+}
+
+int guanaco_residency_create(const struct guanaco_residency_config *config, struct guanaco_residency **out) {
+    *out = NULL;
+    int err = check_config(config);
+    if (err) {
+        return err;
     }
     struct guanaco_residency *r = calloc(1, sizeof(*r));
     if (!r) {
@@ -355,141 +507,26 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->page = page > 0 ? (uint64_t)page : 4096;
     r->queue_depth = config->queue_depth ? config->queue_depth : GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH;
     r->budget_bytes = config->budget_bytes;
-
-    uint64_t n_tensors = 0;
-    for (uint32_t l = 0; l < r->n_layer; l++) {
-        if (config->tensors_in_layer[l] && !config->tensors_of_layer[l]) {
-            guanaco_log_error("residency: layer %u has %u expert tensors but no array", l, config->tensors_in_layer[l]);
-            guanaco_residency_destroy(r);
-            return -EINVAL;
-        }
-        n_tensors += config->tensors_in_layer[l];
-    }
-    int err = 0;
-    size_t slots = (size_t)r->n_layer * r->n_expert;
-    r->tensors = calloc(n_tensors ? n_tensors : 1, sizeof(*r->tensors));
-    r->layers = calloc(r->n_layer, sizeof(*r->layers));
-    r->shards = calloc(n_tensors ? n_tensors : 1, sizeof(*r->shards));
     r->read_layer = UINT32_MAX;
-    r->read_call = calloc(r->n_expert, sizeof(*r->read_call));
-    r->evicted_at = calloc(slots, sizeof(*r->evicted_at));
-    r->seen_call = calloc(r->n_expert, sizeof(*r->seen_call));
-    r->distinct = calloc(r->n_expert, sizeof(*r->distinct));
-    r->missing = calloc(r->n_expert, sizeof(*r->missing));
-    r->missing_error = calloc(r->n_expert, sizeof(*r->missing_error));
-    r->accessed = calloc(r->n_expert, sizeof(*r->accessed));
-    r->policy_missing = calloc(r->n_expert, sizeof(*r->policy_missing));
-    r->audit_vector = malloc(AUDIT_PAGES);
-    uint64_t *expert_bytes = calloc(r->n_layer, sizeof(*expert_bytes));
-    if (!r->tensors || !r->layers || !r->shards || !r->read_call || !r->evicted_at || !r->seen_call || !r->distinct || !r->missing ||
-        !r->missing_error || !r->accessed || !r->policy_missing || !r->audit_vector || !expert_bytes) {
-        err = -ENOMEM;
-        goto fail;
-    }
 
-    /* Requests per call at most: every expert of the layer missing, each slice cut into chunks. */
-    uint64_t most_requests = 0;
-    for (uint32_t l = 0; l < r->n_layer; l++) {
-        struct layer *layer = &r->layers[l];
-        layer->first_tensor = r->n_tensors;
-        layer->n_tensors = config->tensors_in_layer[l];
-        uint64_t requests_per_expert = 0;
-        for (uint32_t i = 0; i < layer->n_tensors; i++) {
-            const struct guanaco_residency_tensor *t = &config->tensors_of_layer[l][i];
-            if ((err = check_tensor(r, l, i, t)) != 0) {
-                goto fail;
-            }
-            struct tensor *own = &r->tensors[r->n_tensors++];
-            if ((err = add_shard(r, t->fd, &own->shard)) != 0) {
-                goto fail;
-            }
-            const struct shard *sh = &r->shards[own->shard];
-            own->fd = t->fd;
-            own->direct_fd = config->load == GUANACO_RESIDENCY_LOAD_DIRECT ? t->direct_fd : -1;
-            own->begin = t->file_offset;
-            own->stride = t->expert_stride;
-            own->end = t->file_offset + t->expert_stride * r->n_expert;
-            own->mapped = t->mapped;
-            if (own->end > (uint64_t)sh->size) {
-                guanaco_log_error("residency: expert tensor %u of layer %u ends at byte %llu but %s has %lld bytes", i,
-                                  l, (unsigned long long)own->end, sh->name, (long long)sh->size);
-                err = -EINVAL;
-                goto fail;
-            }
-            layer->expert_bytes += t->expert_stride;
-            /* the chunks, plus LOAD_DIRECT's two edge reads */
-            requests_per_expert += (t->expert_stride + GUANACO_RESIDENCY_CHUNK_BYTES - 1) / GUANACO_RESIDENCY_CHUNK_BYTES + 2;
-        }
-        if (layer->n_tensors > r->max_tensors_in_layer) {
-            r->max_tensors_in_layer = layer->n_tensors;
-        }
-        expert_bytes[l] = layer->expert_bytes;
-        if (requests_per_expert * r->n_expert > most_requests) {
-            most_requests = requests_per_expert * r->n_expert;
-        }
+    /* in this order: the load choice needs the tensors, read-ahead needs the load choice */
+    err = allocate_tables(r, config);
+    err = err ? err : add_layers(r, config);
+    err = err ? err : choose_load(r, config);
+    if (!err) {
+        advise_random(r);
     }
-    if (most_requests > SIZE_MAX / sizeof(struct guanaco_io_request)) {
-        err = -ENOMEM;
-        goto fail;
+    err = err ? err : create_policy(r, config);
+    err = err ? err : prefetch_create(r, config);
+    err = err ? err : create_reader(r, config);
+    if (err) {
+        guanaco_residency_destroy(r);
+        return err;
     }
-    r->request_capacity = (size_t)most_requests;
-    r->requests = calloc(most_requests ? most_requests : 1, sizeof(*r->requests));
-    r->request_missing = calloc(most_requests ? most_requests : 1, sizeof(*r->request_missing));
-    if (!r->requests || !r->request_missing) {
-        err = -ENOMEM;
-        goto fail;
-    }
-    if ((err = choose_load(r, config)) != 0) {
-        goto fail;
-    }
-    /* Faults on expert pages must read only the faulted page: read-around would pull non-resident
-       neighbours into the page cache (say when the kernel reclaimed a page between our read and the
-       populate), and fault-around would map cached neighbours. MADV_RANDOM turns both off. Rounding
-       outward only touches the advice of a neighbour's edge page. */
-    for (uint32_t i = 0; i < r->n_tensors; i++) {
-        const struct tensor *t = &r->tensors[i];
-        uintptr_t a = (uintptr_t)t->mapped, b = a + (uintptr_t)(t->end - t->begin);
-        a -= a % r->page;
-        b = (b + r->page - 1) / r->page * r->page;
-        (void)madvise((void *)a, b - a, MADV_RANDOM);
-    }
-
-    struct guanaco_policy_config policy_config = {
-        .kind = config->policy,
-        .n_layer = r->n_layer,
-        .n_expert = r->n_expert,
-        .expert_bytes = expert_bytes,
-        .budget_bytes = config->budget_bytes,
-        .max_per_layer = config->max_experts_per_layer,
-    };
-    if ((err = guanaco_policy_create(&policy_config, &r->policy)) != 0) {
-        guanaco_log_error("residency: cannot create the %s policy: %s", guanaco_policy_kind_name(config->policy),
-                          strerror(-err));
-        goto fail;
-    }
-    if ((err = prefetch_create(r, config)) != 0) {
-        goto fail;
-    }
-    /* Demand reads are cut to GUANACO_RESIDENCY_CHUNK_BYTES here, read-ahead to GUANACO_IO_ADVISE_BYTES. */
-    err = guanaco_io_create(config->io_backend, r->queue_depth, GUANACO_RESIDENCY_CHUNK_BYTES, &r->io);
-    if (err != 0) {
-        if (err != -ENOSYS) { /* -ENOSYS is the caller's cue to fall back to threads, not an error */
-            guanaco_log_error("residency: cannot create the %s reader: %s", guanaco_io_backend_name(config->io_backend),
-                              strerror(-err));
-        }
-        goto fail;
-    }
-    r->io_backend = config->io_backend;
-    r->stats.io_backend = config->io_backend;
+    r->stats.io_backend = r->io_backend;
     r->stats.load = r->load;
-    free(expert_bytes);
     *out = r;
     return 0;
-
-fail:
-    free(expert_bytes);
-    guanaco_residency_destroy(r);
-    return err;
 }
 
 /*
