@@ -1,74 +1,77 @@
 /*
- * policy_guanaco.c - owns the guanaco kind (the documented design):
- * - cold-first: within a layer the unpinned experts leave in order of a
- *   short-half-life score (recency with a memory of frequency);
- * - hot set: an expert whose long-half-life heat says it is used in at least
- *   PIN_ON_SHARE of tokens is pinned, while pinned bytes stay within
- *   PIN_BUDGET_SHARE of the budget; the pin is released once its heat falls
- *   below PIN_OFF_SHARE. Heat decays with time whether or not the expert is
- *   used, and a min-heap of pinned heat finds the ones that cooled, so a pin
- *   never outlives its use;
- * - per-layer shares: each layer's pressure is the decayed bytes of its
- *   accesses to unpinned experts, with misses on experts it evicted recently
- *   (ghost hits: a larger share would have kept them) counted GHOST_WEIGHT
- *   extra times. Victims come from the layer whose unpinned bytes are largest
- *   relative to its pressure, so shares follow pressure both ways: a busy
- *   layer grows, and an idle layer's pressure decays, so it shrinks;
+ * policy_guanaco.c - owns the guanaco kind:
+ * - cold-first: within a layer experts leave in order of a short-half-life
+ *   score (recency with a memory of frequency), the keep order;
+ * - utility shares (after Qureshi and Patt's utility-based cache
+ *   partitioning): each layer counts, decayed, the hits at each rank of its
+ *   keep order (0 = kept longest), and the misses on experts it evicted
+ *   recently at the rank they would have had (its resident count plus how
+ *   many evictions back they left: a larger share would have kept them).
+ *   A budget victim comes from the layer whose last-kept expert's rank has
+ *   the fewest hits per byte, so each share sits where one more expert is
+ *   worth as much in every layer; an idle layer's counts decay, so it shrinks;
+ * - the working-set floor: a layer accessed in this token or the last is
+ *   taken below the experts its last access needed only when no layer holds
+ *   more than its own. A layer under
+ *   its working set must read it all back at its next access, a loss the
+ *   per-rank counts do not see, and the floor keeps every layer at least
+ *   where lru and layer-lru keep it (bench/POLICY.md: without it guanaco
+ *   lost up to 5 points to lru at one token's working set on Mixtral);
  * - hints: a hinted expert is skipped by eviction until its layer's next
  *   access (the guess came true or not) or the hint's lifetime ends,
  *   whichever is first, unless nothing else is left.
- * Scores, heat and pressure are decayed counts (guanaco_policy_decayed_add).
- * O(log n) per access and per victim.
+ * There is no pinned hot set: pins cost up to 19 points at one token's
+ * working set on routing with reuse and no skew (bench/POLICY.md), and the
+ * per-rank counts already keep a hot layer's experts.
+ * Scores and rank counts are decayed counts (guanaco_policy_decayed_add).
+ * O(log n) per victim, O(n_expert) per hit (its rank), O(n_layer) per evict.
  */
 #include "policy_impl.h"
 
 #include <errno.h>
 #include <math.h>
 
-/* tuning, measured on synthetic decode traces calibrated to REFERENCE.md section 7 (per-layer LRU hit rates of
-   Qwen3-30B-A3B); hit rates moved by under a point across 2x changes of each */
-#define RECENCY_SPEEDUP 16.0     /* the cold-first score decays this much faster than heat: 2 tokens */
-#define PIN_ON_SHARE 0.5         /* pinned once its heat says it is used in half the tokens */
-#define PIN_OFF_SHARE 0.25       /* released below a quarter: hysteresis, so pins do not flap */
-#define PIN_BUDGET_SHARE 0.5     /* pinned bytes stay within half the budget */
-#define GHOST_WEIGHT 2.0         /* a ghost hit weighs this much more than an ordinary access */
+/* tuning, checked on every cell of bench/POLICY.md (recorded Mixtral and six synthetic presets, 4-5 budgets) */
+#define RECENCY_SPEEDUP 16.0 /* the cold-first score decays this much faster than the config's half-life: 2 tokens;
+                                8 or 32 lose up to half a point to lru in some cells */
+#define RANK_SLOWDOWN 4.0    /* the per-rank counts decay this much slower than the config's half-life: 128
+                                tokens; 1 and 16 move no cell by more than a point */
+#define RANK_PRIOR 1.0       /* before any counts, rank r of n holds RANK_PRIOR * (n - r) / n hits: equal shares */
 
 struct guanaco {
-    double score_half_life;      /* the cold-first score: the config's half_life / RECENCY_SPEEDUP */
-    double heat_half_life;       /* heat and layer pressure: the config's half_life */
+    double score_half_life; /* the cold-first score: the config's half_life / RECENCY_SPEEDUP */
+    double rank_half_life;  /* the per-rank counts: the config's half_life * RANK_SLOWDOWN */
 
-    /* per layer, a heap of its resident slots: unpinned (tier 0) by cold-first score, then pinned ones */
+    /* per layer, a heap of its resident slots by cold-first score, lowest (the next to leave) first */
     struct guanaco_heap *slot_heaps;
     struct guanaco_heap_keys slot_order;
     uint32_t *slot_heap_items;
     uint32_t *slot_position;
     double *slot_key;
-    uint8_t *slot_tier;          /* 1 while pinned, so pinned experts leave a layer last */
 
-    struct guanaco_heap layer_heap; /* which layer gives up an unpinned expert next */
+    struct guanaco_heap layer_heap; /* which layer gives up an expert next */
     struct guanaco_heap_keys layer_order;
     uint32_t *layer_heap_items;
     uint32_t *layer_position;
     double *layer_key;
+    uint8_t *layer_tier;         /* 1 while a layer holds no more than its working set: taken last */
 
-    double *heat;                /* per slot: decayed uses on the heat half-life */
-    struct guanaco_heap pin_heap; /* pinned slots by heat: the first to cool on top */
-    struct guanaco_heap_keys pin_order;
-    uint32_t *pin_heap_items;
-    uint32_t *pin_position;
-    uint64_t pinned_bytes;
-    uint64_t pin_budget;
-    double pin_on_log_heat;      /* log2 of the heat that pins, and of the heat that releases */
-    double pin_off_log_heat;
+    double *rank_hits;           /* per layer and rank (n_expert each): decayed hits at that rank */
+    uint32_t *working_set;       /* per layer: the distinct experts its last access needed */
+    uint64_t *accessed_at;       /* per layer: `now` at its last access */
+    uint32_t *surplus;           /* per layer marked for its next access: resident experts that access does not need */
+    uint32_t *incoming;          /* ... and the experts it needs that are being read */
+    uint32_t *layer_held;        /* per layer: resident slots still in its heap (not set aside) */
+    double *begin_key;           /* per slot touched by the access in progress: its score before the access */
+    uint64_t *touched_call;      /* per slot: the last access call that touched it (a repeated id counts once) */
+    uint64_t *missed_call;       /* per slot: the access call in which it was a miss */
+    uint32_t begin_resident;     /* of the access in progress: the layer's resident count before it */
+    uint32_t n_touched;          /* of the access in progress */
+
     uint64_t *hint_end;          /* a hint protects the slot while now < hint_end ... */
     uint64_t *hint_call;         /* ... and its layer's last access is still the one before the hint */
     uint64_t *evicted_at;        /* the layer's eviction count when the slot left; 0 = never */
     uint64_t *layer_evictions;
-    uint64_t *layer_pinned_bytes;
-    uint64_t *layer_evictable_bytes; /* unpinned resident bytes still in the slot heap */
-    double *pressure;            /* per layer, heat-scaled key of decayed access bytes */
-
-    double unpinned_uses, ghost_hits; /* of the access in progress */
     uint32_t *deferred;          /* slots set aside in this evict pass */
     uint32_t n_deferred;
 };
@@ -77,8 +80,8 @@ static double score_time(const struct guanaco *g, const struct guanaco_policy_st
     return (double)s->now / g->score_half_life;
 }
 
-static double heat_time(const struct guanaco *g, const struct guanaco_policy_state *s) {
-    return (double)s->now / g->heat_half_life;
+static double rank_time(const struct guanaco *g, const struct guanaco_policy_state *s) {
+    return (double)s->now / g->rank_half_life;
 }
 
 static void guanaco_free(void *impl) {
@@ -90,20 +93,23 @@ static void guanaco_free(void *impl) {
     free(g->slot_heap_items);
     free(g->slot_position);
     free(g->slot_key);
-    free(g->slot_tier);
     free(g->layer_heap_items);
     free(g->layer_position);
     free(g->layer_key);
-    free(g->heat);
-    free(g->pin_heap_items);
-    free(g->pin_position);
+    free(g->layer_tier);
+    free(g->rank_hits);
+    free(g->working_set);
+    free(g->accessed_at);
+    free(g->surplus);
+    free(g->incoming);
+    free(g->layer_held);
+    free(g->begin_key);
+    free(g->touched_call);
+    free(g->missed_call);
     free(g->hint_end);
     free(g->hint_call);
     free(g->evicted_at);
     free(g->layer_evictions);
-    free(g->layer_pinned_bytes);
-    free(g->layer_evictable_bytes);
-    free(g->pressure);
     free(g->deferred);
     free(g);
 }
@@ -119,118 +125,132 @@ static bool may_take(const struct guanaco *g, const struct guanaco_policy_state 
     return !guanaco_policy_is_needed_now(s, slot, protect_layer) && (take_hinted || !is_hinted(g, s, slot));
 }
 
-/* Most unpinned bytes per unit of pressure first: key -(log2 bytes - pressure). */
-static void refresh(struct guanaco *g, uint32_t layer) {
-    bool wanted = g->layer_evictable_bytes[layer] > 0;
-    g->layer_key[layer] = wanted ? g->pressure[layer] - log2((double)g->layer_evictable_bytes[layer]) : 0;
-    if (!wanted) {
+/* A layer not accessed in this token or the last one is idle: its working set no longer holds it. */
+static bool floor_lapsed(const struct guanaco *g, const struct guanaco_policy_state *s, uint32_t layer) {
+    return g->accessed_at[layer] + 1 < s->now;
+}
+
+/* The layer's place in the layer heap: above its working set first, then by the hits per byte at its last
+   rank, fewest first. The rank counts every resident expert, those set aside in this evict pass too: they stay,
+   so the next victim is still the last (counting only the rest drew victims from other layers and lost up to 3
+   points to lru at 3 experts per layer on Mixtral). */
+static void refresh(struct guanaco *g, const struct guanaco_policy_state *s, uint32_t layer) {
+    if (g->layer_held[layer] == 0) {
         if (guanaco_heap_contains(&g->layer_heap, layer)) {
             guanaco_heap_remove(&g->layer_heap, layer);
         }
-    } else if (guanaco_heap_contains(&g->layer_heap, layer)) {
+        return;
+    }
+    bool marked = s->layer_last_call[layer] == s->call + 1; /* its access is next: it keeps what that needs */
+    g->layer_tier[layer] = marked ? g->surplus[layer] == 0
+                                  : s->layer_resident[layer] <= g->working_set[layer] && !floor_lapsed(g, s, layer);
+    uint32_t last = s->layer_resident[layer] - 1 + (marked ? g->incoming[layer] : 0); /* ranks after its reads */
+    last = last < s->n_expert ? last : s->n_expert - 1;
+    g->layer_key[layer] = g->rank_hits[(size_t)layer * s->n_expert + last] - log2((double)s->expert_bytes[layer]);
+    if (guanaco_heap_contains(&g->layer_heap, layer)) {
         guanaco_heap_update(&g->layer_heap, layer);
     } else {
         guanaco_heap_push(&g->layer_heap, layer);
     }
 }
 
-/* ---- the hot set ---- */
-
-static void pin(struct guanaco *g, const struct guanaco_policy_state *s, uint32_t slot) {
-    uint32_t layer = guanaco_policy_layer_of(s, slot);
-    uint64_t bytes = s->expert_bytes[layer];
-    g->slot_tier[slot] = 1;
-    guanaco_heap_update(&g->slot_heaps[layer], slot);
-    guanaco_heap_push(&g->pin_heap, slot);
-    g->pinned_bytes += bytes;
-    g->layer_pinned_bytes[layer] += bytes;
-    g->layer_evictable_bytes[layer] -= bytes;
-}
-
-static void unpin(struct guanaco *g, const struct guanaco_policy_state *s, uint32_t slot) {
-    uint32_t layer = guanaco_policy_layer_of(s, slot);
-    uint64_t bytes = s->expert_bytes[layer];
-    g->slot_tier[slot] = 0;
-    guanaco_heap_update(&g->slot_heaps[layer], slot);
-    guanaco_heap_remove(&g->pin_heap, slot);
-    g->pinned_bytes -= bytes;
-    g->layer_pinned_bytes[layer] -= bytes;
-    g->layer_evictable_bytes[layer] += bytes;
-    refresh(g, layer);
-}
-
-/* Pins whose heat fell under the release threshold, coolest first: O(log n) each. */
-static void release_cooled_pins(void *impl, const struct guanaco_policy_state *s) {
-    struct guanaco *g = impl;
-    double threshold = g->pin_off_log_heat + heat_time(g, s);
-    for (uint32_t slot = guanaco_heap_top(&g->pin_heap); slot != GUANACO_HEAP_ABSENT && g->heat[slot] < threshold;
-         slot = guanaco_heap_top(&g->pin_heap)) {
-        unpin(g, s, slot);
-    }
-}
-
 /* ---- access ---- */
 
 static void guanaco_access_begin(void *impl, const struct guanaco_policy_state *s, uint32_t layer) {
-    (void)layer;
     struct guanaco *g = impl;
-    release_cooled_pins(g, s);
-    g->unpinned_uses = 0;
-    g->ghost_hits = 0;
+    g->begin_resident = s->layer_resident[layer];
+    g->n_touched = 0;
+}
+
+/* Whether a leaves before b in the layer's keep order as it stood when the access began. */
+static bool left_before(const struct guanaco *g, const struct guanaco_policy_state *s, uint32_t a, uint32_t b) {
+    double key_a = g->touched_call[a] == s->call ? g->begin_key[a] : g->slot_key[a];
+    double key_b = g->touched_call[b] == s->call ? g->begin_key[b] : g->slot_key[b];
+    return key_a < key_b || (key_a == key_b && a < b);
+}
+
+/* A hit's rank in the keep order as the access found it: how many experts then resident would leave after it. */
+static uint32_t rank_of(const struct guanaco *g, const struct guanaco_policy_state *s, uint32_t slot) {
+    uint32_t first = guanaco_policy_layer_of(s, slot) * s->n_expert, rank = 0;
+    for (uint32_t e = first; e < first + s->n_expert; e++) {
+        if (e != slot && s->resident[e] && g->missed_call[e] != s->call) {
+            rank += left_before(g, s, slot, e);
+        }
+    }
+    return rank;
 }
 
 static void guanaco_touch(void *impl, const struct guanaco_policy_state *s, uint32_t slot, bool hit) {
     struct guanaco *g = impl;
     uint32_t layer = guanaco_policy_layer_of(s, slot);
-    uint64_t bytes = s->expert_bytes[layer];
-    if (!hit && g->evicted_at[slot] != 0) {
-        /* ghost window: as many evictions back as the layer holds experts */
-        uint64_t window = s->layer_resident[layer] > 1 ? s->layer_resident[layer] : 1;
-        if (g->layer_evictions[layer] - g->evicted_at[slot] < window) {
-            g->ghost_hits += 1;
+    if (g->touched_call[slot] == s->call) { /* the same id again in one access: one use */
+        return;
+    }
+    g->touched_call[slot] = s->call;
+    uint64_t rank = UINT64_MAX;
+    if (hit) {
+        rank = rank_of(g, s, slot);
+    } else {
+        g->missed_call[slot] = s->call;
+        if (g->evicted_at[slot] != 0) { /* a ghost: the rank a larger share would have kept it at */
+            rank = g->begin_resident + (g->layer_evictions[layer] - g->evicted_at[slot]);
         }
     }
+    if (rank < s->n_expert) {
+        size_t i = (size_t)layer * s->n_expert + rank;
+        g->rank_hits[i] = guanaco_policy_decayed_add(g->rank_hits[i], rank_time(g, s), 1.0);
+    }
+    g->n_touched += 1;
+    g->begin_key[slot] = g->slot_key[slot];
     g->slot_key[slot] = guanaco_policy_decayed_add(g->slot_key[slot], score_time(g, s), 1.0);
-    g->heat[slot] = guanaco_policy_decayed_add(g->heat[slot], heat_time(g, s), 1.0);
     if (hit) {
         guanaco_heap_update(&g->slot_heaps[layer], slot);
     } else {
-        g->slot_tier[slot] = 0;
         guanaco_heap_push(&g->slot_heaps[layer], slot);
-        g->layer_evictable_bytes[layer] += bytes;
-    }
-    if (g->slot_tier[slot]) {
-        guanaco_heap_update(&g->pin_heap, slot);
-    } else {
-        g->unpinned_uses += 1;
-        if (g->heat[slot] - heat_time(g, s) >= g->pin_on_log_heat && g->pinned_bytes + bytes <= g->pin_budget) {
-            pin(g, s, slot);
-        }
+        g->layer_held[layer] += 1;
     }
 }
 
 static void guanaco_access_end(void *impl, const struct guanaco_policy_state *s, uint32_t layer) {
     struct guanaco *g = impl;
-    if (g->unpinned_uses + g->ghost_hits > 0) {
-        g->pressure[layer] = guanaco_policy_decayed_add(g->pressure[layer], heat_time(g, s),
-                                                        (double)s->expert_bytes[layer] *
-                                                            (g->unpinned_uses + GHOST_WEIGHT * g->ghost_hits));
-    }
-    refresh(g, layer);
+    g->working_set[layer] = g->n_touched;
+    g->accessed_at[layer] = s->now;
+    refresh(g, s, layer);
 }
 
 /* ---- evict ---- */
+
+/*
+ * Layers that went idle since their floor was set lose it; a layer whose next access is already marked
+ * (the engine evicts while it reads, before the access) is held at what that access needs, so its
+ * other experts are surplus. O(n_layer), plus O(n_expert) for a marked layer.
+ */
+static void guanaco_evict_begin(void *impl, const struct guanaco_policy_state *s) {
+    struct guanaco *g = impl;
+    for (uint32_t layer = 0; layer < s->n_layer; layer++) {
+        bool marked = s->layer_last_call[layer] == s->call + 1;
+        if (marked) {
+            uint32_t first = layer * s->n_expert, surplus = 0, incoming = 0;
+            for (uint32_t e = first; e < first + s->n_expert; e++) {
+                bool needed = s->needed_call[e] == s->call + 1;
+                surplus += s->resident[e] && !needed;
+                incoming += !s->resident[e] && needed;
+            }
+            g->surplus[layer] = surplus;
+            g->incoming[layer] = incoming;
+        }
+        if (marked || (g->layer_tier[layer] && floor_lapsed(g, s, layer))) {
+            refresh(g, s, layer);
+        }
+    }
+}
 
 /* Set a heap-held slot aside for the rest of this evict pass. */
 static void defer_slot(struct guanaco *g, const struct guanaco_policy_state *s, uint32_t slot) {
     uint32_t layer = guanaco_policy_layer_of(s, slot);
     guanaco_heap_remove(&g->slot_heaps[layer], slot);
-    if (g->slot_tier[slot]) {
-        guanaco_heap_remove(&g->pin_heap, slot);
-    } else {
-        g->layer_evictable_bytes[layer] -= s->expert_bytes[layer];
-    }
-    refresh(g, layer);
+    g->layer_held[layer] -= 1;
+    refresh(g, s, layer);
     g->deferred[g->n_deferred++] = slot;
 }
 
@@ -240,12 +260,8 @@ static void guanaco_restore(void *impl, const struct guanaco_policy_state *s) {
         uint32_t slot = g->deferred[i];
         uint32_t layer = guanaco_policy_layer_of(s, slot);
         guanaco_heap_push(&g->slot_heaps[layer], slot);
-        if (g->slot_tier[slot]) {
-            guanaco_heap_push(&g->pin_heap, slot);
-        } else {
-            g->layer_evictable_bytes[layer] += s->expert_bytes[layer];
-        }
-        refresh(g, layer);
+        g->layer_held[layer] += 1;
+        refresh(g, s, layer);
     }
     g->n_deferred = 0;
 }
@@ -266,17 +282,9 @@ static uint32_t guanaco_cap_victim(void *impl, const struct guanaco_policy_state
 static uint32_t guanaco_budget_victim(void *impl, const struct guanaco_policy_state *s, uint32_t protect_layer,
                                       bool take_hinted) {
     struct guanaco *g = impl;
-    /* unpinned, from the layer most above its share; then the coolest pin */
     for (uint32_t layer = guanaco_heap_top(&g->layer_heap); layer != GUANACO_HEAP_ABSENT;
          layer = guanaco_heap_top(&g->layer_heap)) {
-        uint32_t slot = guanaco_heap_top(&g->slot_heaps[layer]); /* unpinned: tier 0 comes first */
-        if (may_take(g, s, slot, protect_layer, take_hinted)) {
-            return slot;
-        }
-        defer_slot(g, s, slot);
-    }
-    for (uint32_t slot = guanaco_heap_top(&g->pin_heap); slot != GUANACO_HEAP_ABSENT;
-         slot = guanaco_heap_top(&g->pin_heap)) {
+        uint32_t slot = guanaco_heap_top(&g->slot_heaps[layer]);
         if (may_take(g, s, slot, protect_layer, take_hinted)) {
             return slot;
         }
@@ -288,31 +296,18 @@ static uint32_t guanaco_budget_victim(void *impl, const struct guanaco_policy_st
 static void guanaco_evicted(void *impl, const struct guanaco_policy_state *s, uint32_t slot) {
     struct guanaco *g = impl;
     uint32_t layer = guanaco_policy_layer_of(s, slot);
-    uint64_t bytes = s->expert_bytes[layer];
     if (guanaco_heap_contains(&g->slot_heaps[layer], slot)) {
         guanaco_heap_remove(&g->slot_heaps[layer], slot);
-        if (!g->slot_tier[slot]) {
-            g->layer_evictable_bytes[layer] -= bytes;
-        }
-    }
-    if (g->slot_tier[slot]) {
-        if (guanaco_heap_contains(&g->pin_heap, slot)) {
-            guanaco_heap_remove(&g->pin_heap, slot);
-        }
-        g->pinned_bytes -= bytes;
-        g->layer_pinned_bytes[layer] -= bytes;
-        g->slot_tier[slot] = 0;
+        g->layer_held[layer] -= 1;
     }
     g->evicted_at[slot] = ++g->layer_evictions[layer];
-    refresh(g, layer);
+    if (g->surplus[layer] > 0) {
+        g->surplus[layer] -= 1; /* only a marked layer has surplus, and its needed experts are never victims */
+    }
+    refresh(g, s, layer);
 }
 
-/* ---- budget, hints, priors and queries ---- */
-
-static void guanaco_budget_changed(void *impl, const struct guanaco_policy_state *s) {
-    struct guanaco *g = impl;
-    g->pin_budget = (uint64_t)((double)s->budget * PIN_BUDGET_SHARE);
-}
+/* ---- hints, priors and queries ---- */
 
 static void guanaco_hint(void *impl, const struct guanaco_policy_state *s, uint32_t slot, float weight) {
     struct guanaco *g = impl;
@@ -323,7 +318,6 @@ static void guanaco_hint(void *impl, const struct guanaco_policy_state *s, uint3
 static void guanaco_seed(void *impl, const struct guanaco_policy_state *s, uint32_t layer, const double *rate) {
     struct guanaco *g = impl;
     /* a use in every token keeps a decayed count at 1 / (1 - 2^(-1/H)) */
-    const double heat_every_token = 1.0 / (1.0 - exp2(-1.0 / g->heat_half_life));
     const double score_every_token = 1.0 / (1.0 - exp2(-1.0 / g->score_half_life));
     for (uint32_t e = 0; e < s->n_expert; e++) {
         double r = rate[e] > 1.0 ? 1.0 : rate[e];
@@ -332,52 +326,30 @@ static void guanaco_seed(void *impl, const struct guanaco_policy_state *s, uint3
         }
         uint32_t slot = layer * s->n_expert + e;
         g->slot_key[slot] = guanaco_policy_decayed_add(g->slot_key[slot], score_time(g, s), r * score_every_token);
-        g->heat[slot] = guanaco_policy_decayed_add(g->heat[slot], heat_time(g, s), r * heat_every_token);
-        if (g->slot_tier[slot] && guanaco_heap_contains(&g->pin_heap, slot)) {
-            guanaco_heap_update(&g->pin_heap, slot);
-        }
         if (guanaco_heap_contains(&g->slot_heaps[layer], slot)) {
             guanaco_heap_update(&g->slot_heaps[layer], slot);
         }
     }
-    refresh(g, layer);
+    refresh(g, s, layer);
 }
 
-static bool guanaco_is_pinned(const void *impl, uint32_t slot) {
-    return ((const struct guanaco *)impl)->slot_tier[slot];
-}
-
+/* Shares are not set ahead: a layer holds what the per-rank counts left it after the last evict. */
 static uint64_t guanaco_target_bytes(const void *impl, const struct guanaco_policy_state *s, uint32_t layer) {
-    const struct guanaco *g = impl;
-    if (g->pressure[layer] == -INFINITY) {
-        return 0;
-    }
-    /* shares of the unpinned budget in proportion to 2^pressure, scaled by the largest to stay finite */
-    double top = -INFINITY, sum = 0;
-    for (uint32_t l = 0; l < s->n_layer; l++) {
-        top = g->pressure[l] > top ? g->pressure[l] : top;
-    }
-    for (uint32_t l = 0; l < s->n_layer; l++) {
-        sum += g->pressure[l] == -INFINITY ? 0 : exp2(g->pressure[l] - top);
-    }
-    uint64_t unpinned_budget = s->budget > g->pinned_bytes ? s->budget - g->pinned_bytes : 0;
-    double share = exp2(g->pressure[layer] - top) / sum;
-    return g->layer_pinned_bytes[layer] + (uint64_t)(share * (double)unpinned_budget);
+    (void)impl;
+    return s->layer_resident_bytes[layer];
 }
 
 static const struct guanaco_policy_ops guanaco_ops = {
     .access_begin = guanaco_access_begin,
     .touch = guanaco_touch,
     .access_end = guanaco_access_end,
-    .evict_begin = release_cooled_pins,
+    .evict_begin = guanaco_evict_begin,
     .cap_victim = guanaco_cap_victim,
     .budget_victim = guanaco_budget_victim,
     .evicted = guanaco_evicted,
     .restore = guanaco_restore,
-    .budget_changed = guanaco_budget_changed,
     .hint = guanaco_hint,
     .seed = guanaco_seed,
-    .is_pinned = guanaco_is_pinned,
     .layer_target_bytes = guanaco_target_bytes,
     .free = guanaco_free,
 };
@@ -394,49 +366,43 @@ int guanaco_policy_guanaco_create(const struct guanaco_policy_state *s, const st
     g->slot_heap_items = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
     g->slot_position = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
     g->slot_key = guanaco_policy_alloc(slots, sizeof(double), &ok);
-    g->slot_tier = guanaco_policy_alloc(slots, sizeof(uint8_t), &ok);
     g->layer_heap_items = guanaco_policy_alloc(layers, sizeof(uint32_t), &ok);
     g->layer_position = guanaco_policy_alloc(layers, sizeof(uint32_t), &ok);
     g->layer_key = guanaco_policy_alloc(layers, sizeof(double), &ok);
-    g->heat = guanaco_policy_alloc(slots, sizeof(double), &ok);
-    g->pin_heap_items = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
-    g->pin_position = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
+    g->layer_tier = guanaco_policy_alloc(layers, sizeof(uint8_t), &ok);
+    g->rank_hits = guanaco_policy_alloc(slots, sizeof(double), &ok);
+    g->working_set = guanaco_policy_alloc(layers, sizeof(uint32_t), &ok);
+    g->accessed_at = guanaco_policy_alloc(layers, sizeof(uint64_t), &ok);
+    g->surplus = guanaco_policy_alloc(layers, sizeof(uint32_t), &ok);
+    g->incoming = guanaco_policy_alloc(layers, sizeof(uint32_t), &ok);
+    g->layer_held = guanaco_policy_alloc(layers, sizeof(uint32_t), &ok);
+    g->begin_key = guanaco_policy_alloc(slots, sizeof(double), &ok);
+    g->touched_call = guanaco_policy_alloc(slots, sizeof(uint64_t), &ok);
+    g->missed_call = guanaco_policy_alloc(slots, sizeof(uint64_t), &ok);
     g->hint_end = guanaco_policy_alloc(slots, sizeof(uint64_t), &ok);
     g->hint_call = guanaco_policy_alloc(slots, sizeof(uint64_t), &ok);
     g->evicted_at = guanaco_policy_alloc(slots, sizeof(uint64_t), &ok);
     g->layer_evictions = guanaco_policy_alloc(layers, sizeof(uint64_t), &ok);
-    g->layer_pinned_bytes = guanaco_policy_alloc(layers, sizeof(uint64_t), &ok);
-    g->layer_evictable_bytes = guanaco_policy_alloc(layers, sizeof(uint64_t), &ok);
-    g->pressure = guanaco_policy_alloc(layers, sizeof(double), &ok);
     g->deferred = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
     if (!ok) {
         guanaco_free(g);
         return -ENOMEM;
     }
-    g->heat_half_life = s->half_life;
     g->score_half_life = s->half_life / RECENCY_SPEEDUP;
-    g->slot_order = (struct guanaco_heap_keys){.keys = g->slot_key, .tiers = g->slot_tier};
-    g->layer_order = (struct guanaco_heap_keys){.keys = g->layer_key};
-    g->pin_order = (struct guanaco_heap_keys){.keys = g->heat};
+    g->rank_half_life = s->half_life * RANK_SLOWDOWN;
+    g->slot_order = (struct guanaco_heap_keys){.keys = g->slot_key};
+    g->layer_order = (struct guanaco_heap_keys){.keys = g->layer_key, .tiers = g->layer_tier};
     for (uint32_t i = 0; i < s->n_slots; i++) {
         g->slot_position[i] = GUANACO_HEAP_ABSENT;
-        g->pin_position[i] = GUANACO_HEAP_ABSENT;
         g->slot_key[i] = -INFINITY;
-        g->heat[i] = -INFINITY;
+        g->rank_hits[i] = log2(RANK_PRIOR * (double)(s->n_expert - i % s->n_expert) / s->n_expert);
     }
     for (uint32_t layer = 0; layer < s->n_layer; layer++) {
         g->slot_heaps[layer] = guanaco_heap_make(g->slot_heap_items + (size_t)layer * s->n_expert, g->slot_position,
                                                  guanaco_heap_key_before, &g->slot_order);
         g->layer_position[layer] = GUANACO_HEAP_ABSENT;
-        g->pressure[layer] = -INFINITY;
     }
     g->layer_heap = guanaco_heap_make(g->layer_heap_items, g->layer_position, guanaco_heap_key_before, &g->layer_order);
-    g->pin_heap = guanaco_heap_make(g->pin_heap_items, g->pin_position, guanaco_heap_key_before, &g->pin_order);
-    /* a use in every token keeps the heat at 1 / (1 - 2^(-1/H)) */
-    double every_token = 1.0 / (1.0 - exp2(-1.0 / g->heat_half_life));
-    g->pin_on_log_heat = log2(PIN_ON_SHARE * every_token);
-    g->pin_off_log_heat = log2(PIN_OFF_SHARE * every_token);
-    guanaco_budget_changed(g, s);
     *ops = &guanaco_ops;
     *impl = g;
     return 0;

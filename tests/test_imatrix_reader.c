@@ -391,7 +391,7 @@ static void test_choice(void) {
  * without a prior the counts tie and the lowest id goes (expert 0); with
  * rates {0.9, 0.1, 0.5, 0} the coldest by prior goes (expert 1).
  */
-static uint32_t victim_after(enum guanaco_policy_kind kind, const double *rate, bool *pinned0) {
+static uint32_t victim_after(enum guanaco_policy_kind kind, const double *rate) {
     const uint64_t bytes[2] = {100, 100};
     struct guanaco_policy_config config = {.kind = kind, .n_layer = 2, .n_expert = 4, .expert_bytes = bytes,
                                            .budget_bytes = 300};
@@ -414,29 +414,23 @@ static uint32_t victim_after(enum guanaco_policy_kind kind, const double *rate, 
         victim_layers[0] == 0) {
         victim = victim_experts[0];
     }
-    if (pinned0) {
-        *pinned0 = guanaco_policy_is_pinned(p, 0, 0);
-    }
     guanaco_policy_free(p);
     return victim;
 }
 
 static void test_policy_seed(void) {
     const double rate[4] = {0.9, 0.1, 0.5, 0.0};
-    bool pinned = true;
-    CHECK(victim_after(GUANACO_POLICY_LFU, NULL, NULL) == 0);
-    CHECK(victim_after(GUANACO_POLICY_LFU, rate, NULL) == 1);
-    CHECK(victim_after(GUANACO_POLICY_GUANACO, NULL, &pinned) == 0);
-    CHECK(!pinned); /* one use is not hot */
-    CHECK(victim_after(GUANACO_POLICY_GUANACO, rate, &pinned) == 1);
-    CHECK(pinned); /* the prior says it is in 90% of tokens: pinned on its first use */
+    CHECK(victim_after(GUANACO_POLICY_LFU, NULL) == 0);
+    CHECK(victim_after(GUANACO_POLICY_LFU, rate) == 1);
+    CHECK(victim_after(GUANACO_POLICY_GUANACO, NULL) == 0);
+    CHECK(victim_after(GUANACO_POLICY_GUANACO, rate) == 1); /* its cold-first score starts from the prior */
     /* recency-only kinds keep recency: the seed changes nothing (the preload's order is their prior) */
-    CHECK(victim_after(GUANACO_POLICY_LAYER_LRU, NULL, NULL) == victim_after(GUANACO_POLICY_LAYER_LRU, rate, NULL));
-    CHECK(victim_after(GUANACO_POLICY_LRU, NULL, NULL) == victim_after(GUANACO_POLICY_LRU, rate, NULL));
+    CHECK(victim_after(GUANACO_POLICY_LAYER_LRU, NULL) == victim_after(GUANACO_POLICY_LAYER_LRU, rate));
+    CHECK(victim_after(GUANACO_POLICY_LRU, NULL) == victim_after(GUANACO_POLICY_LRU, rate));
     /* absurd rates are ignored, not believed */
     const double absurd[4] = {INFINITY, NAN, -1.0, 0.0};
-    CHECK(victim_after(GUANACO_POLICY_LFU, absurd, NULL) == 1); /* only expert 0 (clamped to 1) was seeded */
-    CHECK(victim_after(GUANACO_POLICY_GUANACO, absurd, NULL) == 1);
+    CHECK(victim_after(GUANACO_POLICY_LFU, absurd) == 1); /* only expert 0 (clamped to 1) was seeded */
+    CHECK(victim_after(GUANACO_POLICY_GUANACO, absurd) == 1);
 }
 
 int main(int argc, char **argv) {
