@@ -1102,7 +1102,47 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
 }
 
 /* Evicts by policy until the budget rule holds, protecting `layer`; 0 or the first drop error. */
-static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t token) {
+/* Victims chosen but whose pages are not dropped yet (evict_by_policy's `later`). */
+struct victim_list {
+    uint32_t *layers, *experts;
+    size_t n, capacity;
+};
+
+static int drop_victims(struct guanaco_residency *r, const uint32_t *layers, const uint32_t *experts, size_t n) {
+    int drop_error = 0;
+    for (size_t v = 0; v < n; v++) {
+        int e = drop_expert(r, layers[v], experts[v]);
+        drop_error = drop_error ? drop_error : e;
+    }
+    return drop_error;
+}
+
+/* Keeps a round's victims for a later drop_victims; false (nothing kept) when the list cannot grow. */
+static bool defer_victims(struct victim_list *later, const uint32_t *layers, const uint32_t *experts, size_t n) {
+    if (n == 0) {
+        return true;
+    }
+    if (later->n + n > later->capacity) {
+        size_t capacity = (later->n + n) * 2;
+        uint32_t *l = realloc(later->layers, capacity * sizeof(*l));
+        later->layers = l ? l : later->layers;
+        uint32_t *e = l ? realloc(later->experts, capacity * sizeof(*e)) : NULL;
+        later->experts = e ? e : later->experts;
+        if (!l || !e) {
+            return false;
+        }
+        later->capacity = capacity;
+    }
+    memcpy(later->layers + later->n, layers, n * sizeof(*layers));
+    memcpy(later->experts + later->n, experts, n * sizeof(*experts));
+    later->n += n;
+    return true;
+}
+
+/* Asks the policy for victims until it fits its budget beside its reserve, never from `layer`, and drops
+   their pages, or with `later` (not NULL) only chooses them: the caller then drops them when the disk is
+   busy with what it submitted meanwhile. */
+static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t token, struct victim_list *later) {
     uint64_t evict_start = now_ns();
     int drop_error = 0;
     for (;;) {
@@ -1114,11 +1154,9 @@ static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t
         for (size_t v = 0; v < n_victims; v++) {
             r->evicted_at[(size_t)r->victim_layers[v] * r->n_expert + r->victim_experts[v]] = token + 1;
         }
-        for (size_t v = 0; v < n_victims; v++) {
-            int e = drop_expert(r, r->victim_layers[v], r->victim_experts[v]);
-            if (e && !drop_error) {
-                drop_error = e;
-            }
+        if (!later || !defer_victims(later, r->victim_layers, r->victim_experts, n_victims)) {
+            int e = drop_victims(r, r->victim_layers, r->victim_experts, n_victims);
+            drop_error = drop_error ? drop_error : e;
         }
         r->stats.evictions += n_victims;
         if (ret != -ENOBUFS) {
@@ -1165,7 +1203,11 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     }
     /* Room inside the budget: the policy gives up its least wanted experts, never the protected layer's. */
     guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding + wanted * expert_bytes);
-    int err = evict_by_policy(r, protect_layer, token);
+    /* The victims' pages are dropped once the runs are submitted: the disk starts on them first (a prompt's
+       room for a whole layer is hundreds of MB of pages to drop). The runs' neighbours keep their shared
+       edge pages (holds() counts runs), and until the drop the page cache holds both, at most one layer. */
+    struct victim_list later = {0};
+    int err = evict_by_policy(r, protect_layer, token, &later);
     uint64_t used = guanaco_policy_resident_bytes(r->policy) + r->prefetch_outstanding;
     uint64_t budget = r->budget_bytes;
     size_t fits = used < budget ? (size_t)((budget - used) / expert_bytes) : 0;
@@ -1218,7 +1260,12 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         i += count;
     }
     guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding);
-    return err;
+    uint64_t drop_start = now_ns();
+    int drop_error = drop_victims(r, later.layers, later.experts, later.n);
+    r->stats.evict_ns += now_ns() - drop_start;
+    free(later.layers);
+    free(later.experts);
+    return err ? err : drop_error;
 }
 
 int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
@@ -1366,7 +1413,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         r->stats.peak_resident_bytes = resident;
     }
 
-    int drop_error = evict_by_policy(r, layer, token);
+    int drop_error = evict_by_policy(r, layer, token, NULL);
     return first_error ? first_error : drop_error;
 }
 
@@ -1434,7 +1481,7 @@ int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_lay
         *adopted += n;
     }
     if (!err) {
-        err = evict_by_policy(r, 0, 0);
+        err = evict_by_policy(r, 0, 0, NULL);
     }
     r->stats.resident_bytes = guanaco_policy_resident_bytes(r->policy);
     pthread_mutex_unlock(&r->lock);
