@@ -26,8 +26,9 @@
  * protected layer and needed more than the cap at once.
  *
  * Cost per access: O(1) for lru and layer-lru (plus O(log n_layer) per
- * eviction for layer-lru), O(log n) for lfu and guanaco, with n the resident
- * experts of one layer plus n_layer. Not thread-safe: one caller at a time.
+ * eviction for layer-lru), O(log n) for lfu, with n the resident experts of
+ * one layer plus n_layer, and for guanaco O(log n) plus O(n_expert) per hit
+ * (its rank) and O(n_layer) per evict. Not thread-safe: one caller at a time.
  */
 #ifndef GUANACO_POLICY_H
 #define GUANACO_POLICY_H
@@ -44,8 +45,8 @@ enum guanaco_policy_kind {
     /* The budget split between MoE layers in proportion to expert bytes, LRU
        inside each layer: O(1) per access plus O(log n_layer) per eviction. */
     GUANACO_POLICY_LAYER_LRU,
-    /* Pinned hot set, adaptive per-layer shares, cold-first eviction, pilot
-       hints: O(log n) per access. See policy_guanaco.c for the design. */
+    /* Cold-first eviction, per-layer shares from each layer's hits per rank
+       (utility), a working-set floor, pilot hints. See policy_guanaco.c. */
     GUANACO_POLICY_GUANACO,
 };
 
@@ -70,9 +71,9 @@ struct guanaco_policy_config {
     const uint64_t *expert_bytes; /* n_layer entries: bytes of one expert of the layer; 0 = dense layer */
     uint64_t budget_bytes;
     uint32_t max_per_layer;       /* most resident experts in one layer; 0 = no cap */
-    double half_life;             /* decay of use counts (lfu's score, guanaco's heat and layer
-                                     pressure) in units of `now`; guanaco's cold-first order decays
-                                     16 times faster; 0 = the default */
+    double half_life;             /* decay of use counts (lfu's score) in units of `now`; guanaco's
+                                     cold-first order decays 16 times faster and its per-rank hit
+                                     counts 4 times slower; 0 = the default */
     uint32_t hint_lifetime;       /* a hint lapses at now + this if its layer is not accessed; 0 = 1 */
 };
 
@@ -139,11 +140,11 @@ void guanaco_policy_hint(struct guanaco_policy *policy, uint32_t layer, uint32_t
  * expert e is expected per token (its share of the layer's routings times
  * top-k), clamped to [0, 1]. It is added to the decayed use counts as the
  * steady state of an expert used at that rate (rate / (1 - 2^(-1/H)) for
- * half-life H): lfu's score, and guanaco's heat and cold-first score, so a
- * hot expert is kept over a cold one before either is used, and guanaco pins
- * it on its first use. The prior decays like any use, so routing that differs
- * takes over within a few half-lives. Layer pressure is left alone (a prior
- * says which experts of a layer, not which layer). lru and layer-lru keep
+ * half-life H): lfu's score and guanaco's cold-first score, so a hot expert
+ * is kept over a cold one before either is used. The prior decays like any
+ * use, so routing that differs takes over within a few half-lives. guanaco's
+ * per-rank counts are left alone (a prior says which experts of a layer, not
+ * how much room the layer needs). lru and layer-lru keep
  * recency only: for them the preload's access order is the prior (the
  * most-routed accessed last). Out-of-range layers, dense layers and rates
  * that are not finite are ignored.
@@ -153,12 +154,13 @@ void guanaco_policy_seed(struct guanaco_policy *policy, uint32_t layer, const do
 bool guanaco_policy_is_resident(const struct guanaco_policy *policy, uint32_t layer, uint32_t expert);
 uint64_t guanaco_policy_resident_bytes(const struct guanaco_policy *policy);
 uint32_t guanaco_policy_layer_resident_count(const struct guanaco_policy *policy, uint32_t layer);
-/* Whether the guanaco policy holds (layer, expert) in its hot set; false for other kinds. */
+/* Whether a kind with a pinned hot set holds (layer, expert) in it. No kind pins now (guanaco's pins cost
+   up to 19 points of hit rate, bench/POLICY.md), so this is false; the status line's hot-pinned share reads it. */
 bool guanaco_policy_is_pinned(const struct guanaco_policy *policy, uint32_t layer, uint32_t expert);
 /*
  * The bytes the policy means the layer to hold now: its fixed share for
- * layer-lru, its pinned bytes plus its adaptive share of the rest for
- * guanaco (O(n_layer), for statistics), and 0 for policies without one.
+ * layer-lru, its resident bytes for guanaco (its shares are not set ahead:
+ * the per-rank counts choose each victim), and 0 for policies without one.
  */
 uint64_t guanaco_policy_layer_target_bytes(const struct guanaco_policy *policy, uint32_t layer);
 
