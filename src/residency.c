@@ -22,6 +22,7 @@
  * agrees with the policy.
  */
 #include "residency.h"
+#include "budget.h"
 #include "log.h"
 
 #include <errno.h>
@@ -1579,7 +1580,7 @@ void guanaco_residency_set_budget(struct guanaco_residency *r, uint64_t budget_b
     r->budget_bytes = budget_bytes;
     guanaco_policy_set_budget(r->policy, budget_bytes);
     if (r->prefetch_allowance) {
-        r->prefetch_allowance = budget_bytes / 2;
+        r->prefetch_allowance = guanaco_read_ahead_allowance(budget_bytes);
     }
     pthread_mutex_unlock(&r->lock);
 }
