@@ -977,9 +977,10 @@ static void log_throttle(const struct guanaco_engine *engine) {
                          "(0: not measured)%s",
                          kind[i], (unsigned long long)t->ubatches[1], (unsigned long long)ubatches,
                          t->estimate[0] / 1e6, t->estimate[1] / 1e6,
-                         !t->enabled ? "; the throttle is off"
-                         : guanaco_read_ahead_throttle_prefers_on(t) ? "; reading ahead pays"
-                                                                     : "; reading ahead does not pay here");
+                         !t->enabled                                    ? "; the throttle is off"
+                         : t->estimate[0] == 0.0 || t->estimate[1] == 0.0 ? "; one side was not measured"
+                         : guanaco_read_ahead_throttle_prefers_on(t)      ? "; reading ahead pays"
+                                                                          : "; reading ahead does not pay here");
     }
 }
 

@@ -48,6 +48,7 @@ struct guanaco_hook {
     _Atomic int error; /* first error of the graph being computed (negative errno), 0 when none */
     bool read_ahead_on;         /* what the throttle said when this ubatch reached its first MoE layer */
     uint64_t ubatch_started_ns; /* then; 0 when this ubatch is not being timed */
+    int ubatch_tokens;          /* its tokens then: llama.cpp's last layer keeps only the rows that give logits */
 };
 
 static uint64_t now_ns(void) {
@@ -228,6 +229,7 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
             if (layer == hook->engine->first_moe_layer && hook->engine->predictor) {
                 hook->read_ahead_on = guanaco_engine_read_ahead_allowed(hook->engine, n_tokens);
                 hook->ubatch_started_ns = now_ns();
+                hook->ubatch_tokens = n_tokens;
             }
             err = guanaco_engine_prepare_layer(hook->engine, layer, hook->ids, (size_t)k * (size_t)n_tokens,
                                                atomic_load(&hook->engine->tokens_done));
@@ -243,7 +245,7 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
                 read_ahead(hook, t, layer, k, n_tokens);
                 if (layer == hook->engine->last_moe_layer && hook->ubatch_started_ns) {
                     /* through the last layer's stall: the rest of the graph costs the same either way */
-                    guanaco_engine_read_ahead_timed(hook->engine, n_tokens, hook->read_ahead_on,
+                    guanaco_engine_read_ahead_timed(hook->engine, hook->ubatch_tokens, hook->read_ahead_on,
                                                     now_ns() - hook->ubatch_started_ns);
                     hook->ubatch_started_ns = 0;
                 }

@@ -41,7 +41,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
         set -- $run
         name="$1.$2.$5${6:+.${6#--}$7}"
         # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches (40 tokens: decode
-        # starts off and first tries read-ahead at its 8th epoch of 4 tokens)
+        # starts off, tries read-ahead in its second epoch of 4 tokens and again one epoch in 8)
         throttle=off predictor=$5
         [ "${5#throttled-}" != "$5" ] && throttle=on predictor=${5#throttled-}
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
@@ -79,6 +79,20 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
         fi
     done
 done
+
+# The throttle times a ubatch by the tokens it started with: llama.cpp's last layer keeps only the rows that give
+# logits, so a prompt's last MoE layer sees one token, and its time used to land in the decode throttle. llama-bench
+# asks for one logit row per prompt: its warmup and timed prompts are the prompt throttle's two ubatches, and its
+# 1 + 8 single tokens are the decode throttle's nine.
+if [ -x "${LLAMA_BIN:-}/llama-bench" ]; then
+    GUANACO_STREAMING=1 GUANACO_RAM=3M GUANACO_PREFETCH=pilot GUANACO_PREFETCH_THROTTLE=on \
+        "$LLAMA_BIN/llama-bench" -m "$W/qwen3moe-Q8_0.gguf" -p 64 -n 8 -r 1 -t 1 >"$W/throttle-bench.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] && grep -q 'read-ahead throttle, prompt: on in 2 of 2 ubatches' "$W/throttle-bench.log" &&
+        grep -q 'read-ahead throttle, decode: on in [0-9]* of 9 ubatches' "$W/throttle-bench.log"
+    check "llama-bench -p 64 -n 8: 2 prompt ubatches in the prompt throttle, 9 tokens in the decode one" $? \
+        "rc=$rc $(grep -E 'read-ahead throttle|error' "$W/throttle-bench.log" | head -3)"
+fi
 
 # The budget is real, without any cgroup, in both ways of loading:
 #   - from outside: the model file's page cache (fincore) while decoding. page-cache loading keeps the experts
