@@ -373,11 +373,13 @@ static int start_predictor(struct guanaco_engine *engine) {
     const bool throttled = engine->options.prefetch_throttle;
     if (err == 0) {
         err = guanaco_read_ahead_throttle_init(&engine->throttle[0], throttled, false, GUANACO_THROTTLE_DECODE_EPOCH,
-                                               GUANACO_THROTTLE_DECODE_EXPLORE_EVERY);
+                                               GUANACO_THROTTLE_DECODE_EXPLORE_EVERY,
+                                               GUANACO_THROTTLE_DECODE_FIRST_EXPLORE);
     }
     if (err == 0) {
         err = guanaco_read_ahead_throttle_init(&engine->throttle[1], throttled, true, GUANACO_THROTTLE_PROMPT_EPOCH,
-                                               GUANACO_THROTTLE_PROMPT_EXPLORE_EVERY);
+                                               GUANACO_THROTTLE_PROMPT_EXPLORE_EVERY,
+                                               GUANACO_THROTTLE_PROMPT_FIRST_EXPLORE);
     }
     if (err == 0 && guanaco_predictor_uses_scores(engine->predictor)) {
         err = guanaco_router_gate_create(m->n_layer, m->n_expert, &engine->router_gate);

@@ -9,14 +9,16 @@
 #include <string.h>
 
 int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool enabled, bool start_on,
-                                     uint32_t epoch_ubatches, uint32_t explore_every) {
-    if (!t || epoch_ubatches == 0 || epoch_ubatches > GUANACO_THROTTLE_MAX_EPOCH || explore_every < 2) {
+                                     uint32_t epoch_ubatches, uint32_t explore_every, uint32_t first_explore) {
+    if (!t || epoch_ubatches == 0 || epoch_ubatches > GUANACO_THROTTLE_MAX_EPOCH || explore_every < 2 ||
+        first_explore == 0 || first_explore >= explore_every) {
         return -EINVAL;
     }
     memset(t, 0, sizeof(*t));
     t->enabled = enabled;
     t->epoch_ubatches = epoch_ubatches;
     t->explore_every = explore_every;
+    t->first_explore = first_explore;
     t->start_on = start_on;
     t->on = !enabled || start_on;
     return 0;
@@ -67,10 +69,9 @@ void guanaco_read_ahead_throttle_observe(struct guanaco_read_ahead_throttle *t, 
     if (!t->enabled) {
         return;
     }
-    /* Until both sides are measured the start side counts as the faster: the other one gets the first
-       exploration epoch, not the second epoch, which in llama-bench is the first timed one. */
+    /* Until both sides are measured the start side counts as the faster. */
     bool measured = t->estimate[0] > 0.0 && t->estimate[1] > 0.0;
     bool best = measured ? guanaco_read_ahead_throttle_prefers_on(t) : t->start_on;
-    bool explore = t->epochs % t->explore_every == t->explore_every - 1;
+    bool explore = t->epochs == t->first_explore || t->epochs % t->explore_every == t->explore_every - 1;
     t->on = explore ? !best : best;
 }

@@ -10,11 +10,12 @@
  * epochs, each with read-ahead on or off, keeps a running time per token
  * for both, runs the faster one, and gives the other one epoch in every
  * `explore_every` so that a change (a quieter disk, a colder cache) is seen.
- * Until both are measured it runs the side it starts with: decode starts
- * off, because its guesses lost where they were measured; prompts start on,
- * because a prompt's whole-layer read-ahead is no guess and gained 24-52%
- * (bench/PIPELINE.md). Either way the side that loses gets one epoch in
- * explore_every, which bounds what it costs.
+ * Until both are measured it runs the side it starts with, except for one
+ * early epoch of the other: decode starts off, because its guesses lost where
+ * they were measured; prompts start on, because a prompt's whole-layer
+ * read-ahead is no guess and gained 24-52% (bench/PIPELINE.md). Either way
+ * the side that loses gets one epoch in explore_every, which bounds what it
+ * costs.
  *
  * Pure like the predictors: the caller passes each ubatch's time in; no
  * clock, no I/O, no globals, no allocation. Not thread-safe.
@@ -29,17 +30,23 @@
 #define GUANACO_THROTTLE_MAX_EPOCH 16u
 
 /* Decode: 4 single-token ubatches show a 10% difference through the noise of a shared machine, and one
-   epoch in 8 spent on the losing side bounds the loss to an eighth of the difference. */
+   epoch in 8 spent on the losing side bounds the loss to an eighth of the difference. The other side is
+   tried at once, in the second epoch: waiting for the eighth kept a read-ahead that paid 8-9% off for 28
+   of llama-bench's 64 tokens (bench/PIPELINE.md), where trying it early costs one epoch of 4 tokens. */
 #define GUANACO_THROTTLE_DECODE_EPOCH 4u
 #define GUANACO_THROTTLE_DECODE_EXPLORE_EVERY 8u
-/* Prompts: a ubatch takes seconds and comes a few at a time, so each one is an epoch. */
+#define GUANACO_THROTTLE_DECODE_FIRST_EXPLORE 1u
+/* Prompts: a ubatch takes seconds and comes a few at a time, so each one is an epoch, and the other side
+   waits for the eighth: a 1024-token prompt is two ubatches, and reading ahead gained 24-52% on each. */
 #define GUANACO_THROTTLE_PROMPT_EPOCH 1u
 #define GUANACO_THROTTLE_PROMPT_EXPLORE_EVERY 8u
+#define GUANACO_THROTTLE_PROMPT_FIRST_EXPLORE 7u
 /* Read-ahead must be this much faster than off to be chosen: a tie goes to off, which wastes nothing. */
 #define GUANACO_THROTTLE_MARGIN 0.02
 
 struct guanaco_read_ahead_throttle {
     uint32_t epoch_ubatches, explore_every;
+    uint32_t first_explore;       /* the epoch that first runs the other side */
     bool enabled;                 /* false: read-ahead always on (--guanaco-prefetch-throttle off) */
     bool start_on;                /* the side run until both are measured */
     bool on;                      /* what the current epoch runs */
@@ -50,9 +57,10 @@ struct guanaco_read_ahead_throttle {
     uint64_t ubatches[2];         /* ubatches measured off and on */
 };
 
-/* epoch_ubatches from 1 to GUANACO_THROTTLE_MAX_EPOCH, explore_every at least 2. 0 or -EINVAL. */
+/* epoch_ubatches from 1 to GUANACO_THROTTLE_MAX_EPOCH, explore_every at least 2, first_explore from 1 to
+   explore_every - 1. 0 or -EINVAL. */
 int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool enabled, bool start_on,
-                                     uint32_t epoch_ubatches, uint32_t explore_every);
+                                     uint32_t epoch_ubatches, uint32_t explore_every, uint32_t first_explore);
 
 /* Whether the next ubatch reads ahead. A ubatch keeps the answer it started with. */
 bool guanaco_read_ahead_throttle_allows(const struct guanaco_read_ahead_throttle *t);

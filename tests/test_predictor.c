@@ -646,70 +646,82 @@ static double run_throttle(struct guanaco_read_ahead_throttle *t, int n, double 
     return total;
 }
 
+/* The engine's decode throttle. */
+static int init_decode_throttle(struct guanaco_read_ahead_throttle *t, bool enabled) {
+    return guanaco_read_ahead_throttle_init(t, enabled, false, GUANACO_THROTTLE_DECODE_EPOCH,
+                                            GUANACO_THROTTLE_DECODE_EXPLORE_EVERY, GUANACO_THROTTLE_DECODE_FIRST_EXPLORE);
+}
+
 static void test_throttle(void) {
     struct guanaco_read_ahead_throttle t;
-    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 0, 8) == -EINVAL);
-    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, GUANACO_THROTTLE_MAX_EPOCH + 1, 8) == -EINVAL);
-    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 4, 1) == -EINVAL);
-    CHECK(guanaco_read_ahead_throttle_init(NULL, true, false, 4, 8) == -EINVAL);
+    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 0, 8, 1) == -EINVAL);
+    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, GUANACO_THROTTLE_MAX_EPOCH + 1, 8, 1) == -EINVAL);
+    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 4, 1, 1) == -EINVAL);
+    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 4, 8, 0) == -EINVAL);
+    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 4, 8, 8) == -EINVAL);
+    CHECK(guanaco_read_ahead_throttle_init(NULL, true, false, 4, 8, 1) == -EINVAL);
 
     /* off: read-ahead always runs, and the time is still measured */
     int on_count = 0;
-    CHECK(guanaco_read_ahead_throttle_init(&t, false, false, 4, 8) == 0);
+    CHECK(init_decode_throttle(&t, false) == 0);
     (void)run_throttle(&t, 100, 100e6, 113e6, 1000, &on_count);
     CHECK(on_count == 100);
     CHECK(t.estimate[1] > 0.0 && t.estimate[0] == 0.0);
 
-    /* decode, read-ahead 13% slower (gate on a saturated disk): it starts off and gets one epoch in 8, so
-       the whole run is within 3% of never reading ahead */
+    /* decode, read-ahead 13% slower (gate on a saturated disk): it starts off, is tried in the second epoch,
+       then gets one epoch in 8, so the whole run is within 3% of never reading ahead */
     const int n = 800;
-    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, GUANACO_THROTTLE_DECODE_EPOCH,
-                                           GUANACO_THROTTLE_DECODE_EXPLORE_EVERY) == 0);
+    const int epoch = (int)GUANACO_THROTTLE_DECODE_EPOCH;
+    CHECK(init_decode_throttle(&t, true) == 0);
     CHECK(!guanaco_read_ahead_throttle_allows(&t));
     double total = run_throttle(&t, n, 100e6, 113e6, n, &on_count);
     int never_count = 0;
     struct guanaco_read_ahead_throttle never;
-    CHECK(guanaco_read_ahead_throttle_init(&never, true, false, 4, 8) == 0);
+    CHECK(init_decode_throttle(&never, true) == 0);
     double never_total = run_throttle(&never, n, 100e6, 100e6, n, &never_count);
     CHECK(!guanaco_read_ahead_throttle_prefers_on(&t));
-    CHECK(on_count > 0 && on_count <= n / 8 + (int)GUANACO_THROTTLE_DECODE_EPOCH);
+    CHECK(on_count > 0 && on_count <= n / 8 + 2 * epoch);
     CHECK(total <= 1.03 * never_total);
     CHECK(t.ubatches[0] + t.ubatches[1] == (uint64_t)n);
 
-    /* read-ahead 20% faster: chosen once measured (at the first exploration), then off one epoch in 8 */
-    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 4, 8) == 0);
-    (void)run_throttle(&t, n, 100e6, 80e6, n, &on_count);
+    /* read-ahead 20% faster: tried in the second epoch and kept from the third, then off one epoch in 8 */
+    CHECK(init_decode_throttle(&t, true) == 0);
+    CHECK(!guanaco_read_ahead_throttle_allows(&t));
+    (void)run_throttle(&t, epoch, 100e6, 80e6, n, &on_count);
+    CHECK(on_count == 0 && guanaco_read_ahead_throttle_allows(&t));
+    (void)run_throttle(&t, n - epoch, 100e6, 80e6, n, &on_count);
     CHECK(guanaco_read_ahead_throttle_prefers_on(&t));
-    CHECK(on_count >= n * 7 / 8 - 8 * 4);
+    CHECK(on_count >= (n - epoch) - (n / epoch / 8 + 1) * epoch);
 
     /* a 1% gain is within the margin: off, which wastes nothing, keeps the run */
-    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 4, 8) == 0);
+    CHECK(init_decode_throttle(&t, true) == 0);
     (void)run_throttle(&t, n, 100e6, 99e6, n, &on_count);
     CHECK(!guanaco_read_ahead_throttle_prefers_on(&t));
 
     /* the machine changes half-way (the disk gets busy): read-ahead stops paying and is dropped within
        a few of its own epochs */
-    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 4, 8) == 0);
+    CHECK(init_decode_throttle(&t, true) == 0);
     (void)run_throttle(&t, n / 2, 100e6, 80e6, n / 2, &on_count);
     CHECK(guanaco_read_ahead_throttle_prefers_on(&t));
     int later_on = 0;
     (void)run_throttle(&t, n / 2, 100e6, 80e6, 0, &later_on);
     CHECK(!guanaco_read_ahead_throttle_prefers_on(&t));
-    CHECK(later_on <= 4 * 4 + n / 2 / 8 + 4);
+    CHECK(later_on <= 4 * epoch + n / 2 / 8 + epoch);
 
-    /* prompts start on: llama-bench's warmup prompt and its timed one (the first two epochs) both read
-       ahead, and a losing read-ahead is still left after the first exploration */
+    /* prompts start on: llama-bench's warmup prompt and its timed one, and the two ubatches of a 1024-token
+       prompt, all read ahead; a losing read-ahead is still left after the first exploration */
     CHECK(guanaco_read_ahead_throttle_init(&t, true, true, GUANACO_THROTTLE_PROMPT_EPOCH,
-                                           GUANACO_THROTTLE_PROMPT_EXPLORE_EVERY) == 0);
-    for (int i = 0; i < 2; i++) {
+                                           GUANACO_THROTTLE_PROMPT_EXPLORE_EVERY,
+                                           GUANACO_THROTTLE_PROMPT_FIRST_EXPLORE) == 0);
+    for (int i = 0; i < 4; i++) {
         CHECK(guanaco_read_ahead_throttle_allows(&t));
-        guanaco_read_ahead_throttle_observe(&t, true, 256, 256 * 50000000ull);
+        guanaco_read_ahead_throttle_observe(&t, true, 512, 512 * 50000000ull);
     }
     (void)run_throttle(&t, 40, 40e6, 50e6, 40, &on_count);
     CHECK(!guanaco_read_ahead_throttle_prefers_on(&t) && on_count <= 40 / 8 + 8);
 
     /* a ubatch that began in the previous epoch counts as run, not measured */
-    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 1, 8) == 0);
+    CHECK(guanaco_read_ahead_throttle_init(&t, true, false, 1, 8, 7) == 0);
     guanaco_read_ahead_throttle_observe(&t, true, 1, 5);
     CHECK(t.ubatches[1] == 1 && t.estimate[1] == 0.0 && t.estimate[0] == 0.0 && !t.on);
     guanaco_read_ahead_throttle_observe(&t, false, 2, 400);
