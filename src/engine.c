@@ -10,6 +10,7 @@
 #include "mapping_guard.h"
 #include "imatrix.h"
 #include "log.h"
+#include "monotonic_clock.h"
 
 #include "ggml-backend.h"
 
@@ -32,12 +33,6 @@ static const char *readahead_name(enum guanaco_readahead readahead) {
 }
 
 static double gib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static const char *load_name(enum guanaco_residency_load load) {
     return load == GUANACO_RESIDENCY_LOAD_DIRECT ? "direct" : "page-cache";
@@ -102,7 +97,7 @@ static void maybe_log_status(struct guanaco_engine *engine, uint64_t done_before
     log_residency(what, &st, &engine->status_last, done_after - engine->status_last_tokens, tail);
     engine->status_last = st;
     engine->status_last_tokens = done_after;
-    engine->status_last_ns = now_ns();
+    engine->status_last_ns = guanaco_now_ns();
     pthread_mutex_unlock(&engine->status_lock);
 }
 
@@ -604,7 +599,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
                      gib(budget), gib(m->expert_bytes), 100.0 * (double)budget / (double)m->expert_bytes,
                      o->max_experts, guanaco_policy_kind_name(config.policy), guanaco_io_backend_name(config.io_backend),
                      load_name(started.load), prefetch, o->status_every);
-    engine->status_last_ns = now_ns();
+    engine->status_last_ns = guanaco_now_ns();
     return 0;
 }
 
@@ -636,7 +631,7 @@ static int preload(struct guanaco_engine *engine, uint64_t budget, const struct 
     }
     char choices[900] = ""; /* the prior's picks, for the line below */
     size_t used = 0;
-    uint64_t start = now_ns();
+    uint64_t start = guanaco_now_ns();
     int err = 0;
     for (int layer = 0; layer < m->n_layer && err == 0 && n; layer++) {
         if (!engine->moe_layer_of[layer]) {
@@ -675,7 +670,7 @@ static int preload(struct guanaco_engine *engine, uint64_t budget, const struct 
         guanaco_log_progress("preload: layer %d of %d, %.2f GiB read", layer + 1, m->n_layer, gib(progress.bytes_read));
     }
     guanaco_log_progress_end();
-    double seconds = (double)(now_ns() - start) / 1e9;
+    double seconds = (double)(guanaco_now_ns() - start) / 1e9;
     guanaco_residency_get_stats(engine->residency, &engine->after_preload);
     engine->status_last = engine->after_preload;
     if (err == 0) {
@@ -705,7 +700,7 @@ static void prompt_progress(struct guanaco_engine *engine, int layer) {
         guanaco_log_progress_end();
         return;
     }
-    uint64_t elapsed = now_ns() - started;
+    uint64_t elapsed = guanaco_now_ns() - started;
     if (!started || elapsed < PROMPT_PROGRESS_AFTER_NS) {
         return;
     }
@@ -732,7 +727,7 @@ int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const
         struct guanaco_residency_stats st;
         guanaco_residency_get_stats(engine->residency, &st);
         atomic_store(&engine->prompt_started_bytes, st.bytes_read);
-        atomic_store(&engine->prompt_started_ns, now_ns());
+        atomic_store(&engine->prompt_started_ns, guanaco_now_ns());
     }
     int err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, n_ids, token);
     if (prompt) {

@@ -16,6 +16,7 @@
  */
 #include "engine.h"
 #include "log.h"
+#include "monotonic_clock.h"
 
 #include "ggml-backend.h"
 
@@ -50,12 +51,6 @@ struct guanaco_hook {
     uint64_t ubatch_started_ns; /* then; 0 when this ubatch is not being timed */
     int ubatch_tokens;          /* its tokens then: llama.cpp's last layer keeps only the rows that give logits */
 };
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* The MoE layer of a router node, or -1. Called for every node of every graph: keep it cheap. */
 static int router_layer(const struct guanaco_engine *engine, const struct ggml_tensor *t) {
@@ -228,7 +223,7 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
             }
             if (layer == hook->engine->first_moe_layer && hook->engine->predictor) {
                 hook->read_ahead_on = guanaco_engine_read_ahead_allowed(hook->engine, n_tokens);
-                hook->ubatch_started_ns = now_ns();
+                hook->ubatch_started_ns = guanaco_now_ns();
                 hook->ubatch_tokens = n_tokens;
             }
             err = guanaco_engine_prepare_layer(hook->engine, layer, hook->ids, (size_t)k * (size_t)n_tokens,
@@ -246,7 +241,7 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
                 if (layer == hook->engine->last_moe_layer && hook->ubatch_started_ns) {
                     /* through the last layer's stall: the rest of the graph costs the same either way */
                     guanaco_engine_read_ahead_timed(hook->engine, hook->ubatch_tokens, hook->read_ahead_on,
-                                                    now_ns() - hook->ubatch_started_ns);
+                                                    guanaco_now_ns() - hook->ubatch_started_ns);
                     hook->ubatch_started_ns = 0;
                 }
             }

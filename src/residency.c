@@ -24,6 +24,7 @@
 #include "residency.h"
 #include "budget.h"
 #include "log.h"
+#include "monotonic_clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -146,12 +147,6 @@ struct guanaco_residency {
     bool populate_by_touch; /* MADV_POPULATE_READ is missing: touch one byte per page instead */
     struct guanaco_residency_stats stats;
 };
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static uint64_t page_down(const struct guanaco_residency *r, uint64_t x) {
     return x - x % r->page;
@@ -961,7 +956,7 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
     const struct layer *l = &r->layers[layer];
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
     (void)guanaco_io_wait(r->io, job);
-    uint64_t read_end = now_ns();
+    uint64_t read_end = guanaco_now_ns();
     r->stats.read_ns += read_end - read_start;
     r->stats.reads_issued += n_requests;
     int first_error = collect_read_results(r, layer, n_requests);
@@ -992,9 +987,9 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
     }
     /* PAGE_CACHE: the job only issued the reads; mapping waited for the disk, so that is read time too */
     if (direct) {
-        r->stats.populate_ns += now_ns() - read_end;
+        r->stats.populate_ns += guanaco_now_ns() - read_end;
     } else {
-        r->stats.read_ns += now_ns() - read_end;
+        r->stats.read_ns += guanaco_now_ns() - read_end;
     }
     return first_error;
 }
@@ -1002,7 +997,7 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
 /* Reads and maps the n missing experts of `layer` (r->missing) and waits for them. */
 static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n) {
     struct guanaco_io_job job;
-    uint64_t start = now_ns();
+    uint64_t start = guanaco_now_ns();
     size_t n_requests = submit_demand(r, layer, n, &job);
     return finish_demand(r, layer, n, n_requests, &job, start);
 }
@@ -1073,9 +1068,9 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
             }
             continue;
         }
-        uint64_t wait_start = now_ns();
+        uint64_t wait_start = guanaco_now_ns();
         int err = guanaco_io_wait(r->io, &run->job);
-        r->stats.prefetch_wait_ns += now_ns() - wait_start;
+        r->stats.prefetch_wait_ns += guanaco_now_ns() - wait_start;
         release_run(r, run);
         uint64_t per_expert = l->expert_bytes;
         for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts; e++) {
@@ -1144,7 +1139,7 @@ static bool defer_victims(struct victim_list *later, const uint32_t *layers, con
    their pages, or with `later` (not NULL) only chooses them: the caller then drops them when the disk is
    busy with what it submitted meanwhile. */
 static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t token, struct victim_list *later) {
-    uint64_t evict_start = now_ns();
+    uint64_t evict_start = guanaco_now_ns();
     int drop_error = 0;
     for (;;) {
         size_t n_victims = 0;
@@ -1164,7 +1159,7 @@ static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t
             break;
         }
     }
-    r->stats.evict_ns += now_ns() - evict_start;
+    r->stats.evict_ns += guanaco_now_ns() - evict_start;
     r->stats.resident_bytes = guanaco_policy_resident_bytes(r->policy);
     return drop_error;
 }
@@ -1261,9 +1256,9 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         i += count;
     }
     guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding);
-    uint64_t drop_start = now_ns();
+    uint64_t drop_start = guanaco_now_ns();
     int drop_error = drop_victims(r, later.layers, later.experts, later.n);
-    r->stats.evict_ns += now_ns() - drop_start;
+    r->stats.evict_ns += guanaco_now_ns() - drop_start;
     free(later.layers);
     free(later.experts);
     return err ? err : drop_error;
@@ -1381,7 +1376,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     if (r->runs) {
         /* What is missing goes first (urgent); read-ahead of this layer lands meanwhile and is claimed. */
         struct guanaco_io_job job;
-        uint64_t start = now_ns();
+        uint64_t start = guanaco_now_ns();
         size_t n_requests = n_missing ? submit_demand(r, layer, n_missing, &job) : 0;
         size_t n_demand = n_missing;
         (void)claim_prefetch(r, layer, call, &n_missing);
@@ -1420,10 +1415,10 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
 
 int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
                                     uint64_t token) {
-    uint64_t start = now_ns();
+    uint64_t start = guanaco_now_ns();
     pthread_mutex_lock(&r->lock);
     int ret = prepare_locked(r, layer, ids, n_ids, token);
-    r->stats.stall_ns += now_ns() - start;
+    r->stats.stall_ns += guanaco_now_ns() - start;
     r->stats.prefetch_outstanding_bytes = r->prefetch_outstanding;
     pthread_mutex_unlock(&r->lock);
     return ret;
