@@ -79,7 +79,7 @@ status=$?
     echo "$out" | grep -q "over 300 tokens"
 check "--trace: replays the given routing, 300 tokens, and does not claim it synthetic" $? "status $status: $out"
 
-# The overlapped column: the engine's pipeline (src/simulate.h). A trace written in the recorded format by perl:
+# The overlapped column: the engine's pipeline (offline/simulate.h). A trace written in the recorded format by perl:
 # 9 tokens, each routing layer l to experts 2l and 2l+1. At 20% (6.4 experts), lru, every layer misses both
 # experts every token, and from token 1 pilot reads layers 1-3 ahead while the layer before computes. So per
 # token, with R = one layer's reads and C = compute / 4: token 0 takes 4 (R + C), the others R + C + 3 max(C, R).

@@ -137,7 +137,7 @@ else
     echo "MKMODEL not set: the --model checks are skipped"
 fi
 
-# The pipeline's timing (src/simulate.h), on the tiny model: 4 MoE layers of 8 experts, top-2, E = 13056 bytes
+# The pipeline's timing (offline/simulate.h), on the tiny model: 4 MoE layers of 8 experts, top-2, E = 13056 bytes
 # per expert. Traces written in the engine's recorded format (docs/TRACE.md) by perl, so a prompt ubatch keeps
 # its rows together. Expected times are computed here by hand, not by the tool.
 # write_trace OUT SPEC: SPEC lines "sequence token layer id id", in file order.

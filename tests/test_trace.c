@@ -1,6 +1,6 @@
 /*
  * test_trace.c - owns the unit tests of the routing-trace file (src/trace.c)
- * and of its JSON Lines converter (src/trace_jsonl.c): round trips, every
+ * and of its JSON Lines converter (offline/trace_jsonl.c): round trips, every
  * rejection the loader promises (bad magic, version, truncation, ids and
  * layers out of range, an id twice in a record, streams and sizes no memory
  * holds), write errors from /dev/full and a file-size limit, concurrent appends, and

@@ -13,8 +13,8 @@
  *
  * This file owns the command line, the two quick measurements (disk and
  * memory bandwidth) and the output. The replays are the library's
- * (src/simulate.h, src/belady.h), the synthetic routing is
- * src/routing_synth.h's, and the trace-to-requests glue is
+ * (offline/simulate.h, offline/belady.h), the synthetic routing is
+ * offline/routing_synth.h's, and the trace-to-requests glue is
  * tools/replay_input.h's, shared with guanaco-sim.
  */
 #include "belady.h"
@@ -726,7 +726,7 @@ static void print_table(const struct plan_options *options, const struct plan_sw
            "budget + other weights + %s (the engine's --guanaco-ram auto rule);\n"
            "tok/s = 1000 / (%.2f ms compute + MB/token read at %.2f GB/s), compute and reads one after the other;\n"
            "overlapped tok/s = the engine's pipeline with %s read-ahead: each MoE layer takes its share of the "
-           "compute plus the reads it still waits for (src/simulate.h)\n",
+           "compute plus the reads it still waits for (offline/simulate.h)\n",
            (unsigned long long)n_tokens, margin_rule, speeds->compute_ms, speeds->disk_gbps,
            guanaco_predictor_kind_name(options->predictor));
     if (!sweep->all_exact) {

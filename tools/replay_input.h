@@ -1,7 +1,7 @@
 /*
  * replay_input.h - owns what guanaco-sim and guanaco-plan share to replay
  * routing: a model's geometry (bytes of one expert in each layer, from its
- * GGUF manifest) and the replay core's request trace (src/simulate.h) built
+ * GGUF manifest) and the replay core's request trace (offline/simulate.h) built
  * from loaded routing traces (src/trace.h). Static inline functions, so each
  * tool compiles only what it uses; `program` prefixes the messages.
  */

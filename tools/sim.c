@@ -1,14 +1,14 @@
 /*
  * sim.c - guanaco-sim: the policy simulator. It replays recorded routing
  * traces (docs/TRACE.md) against every replacement policy (src/policy.h) and
- * against Belady's offline optimum (src/belady.h) over a sweep of RAM
+ * against Belady's offline optimum (offline/belady.h) over a sweep of RAM
  * budgets, and reports per (policy, budget) the hit rate, the bytes read per
  * token, the evictions and the distance to the optimum, as a table on stdout,
  * a CSV file and a gnuplot-rendered PNG of miss-ratio curves.
  *
  * This file owns only the command line and the glue: the geometry of a named
  * shape, running the replays on a few threads, and the output. A GGUF's
- * geometry and the replay core's request trace (src/simulate.h) built from
+ * geometry and the replay core's request trace (offline/simulate.h) built from
  * loaded traces come from tools/replay_input.h, shared with guanaco-plan.
  * The replays themselves are the library's, so the numbers here are the
  * ones the live engine's policy would produce.
@@ -21,7 +21,7 @@
  * With --disk-gbps and --compute-ms it estimates tokens per second twice:
  * serially (compute + reads, the old estimate) and as the engine's pipeline
  * runs, reads ahead overlapping compute (guanaco_simulate_pipeline in
- * src/simulate.h, the model guanaco-plan uses too), split into decode and
+ * offline/simulate.h, the model guanaco-plan uses too), split into decode and
  * prompt passes.
  */
 #include "belady.h"
@@ -581,7 +581,7 @@ static void print_pipeline_row(const struct sim_row *row) {
 static void print_pipeline_header(const struct guanaco_pipeline_config *config, uint32_t n_moe_layers,
                                    unsigned long warmup, bool ubatches) {
     printf("\npipeline: reads overlapped with compute, per MoE layer time = compute + the reads it still waits for "
-           "(src/simulate.h);\n");
+           "(offline/simulate.h);\n");
     if (config->predictor == GUANACO_PREDICTOR_NONE) {
         printf("          nothing read ahead (no --predictor, as --guanaco-prefetch none): overlapped = serial\n");
     } else {

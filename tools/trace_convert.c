@@ -2,7 +2,7 @@
  * trace_convert.c - guanaco-trace-convert: turns a JSON Lines routing log
  * (shared/traces/) into a Guanaco routing trace and prints the statistics
  * that check the conversion against the published numbers. All the work is
- * in src/trace_jsonl.c, so the unit tests exercise exactly what runs here.
+ * in offline/trace_jsonl.c, so the unit tests exercise exactly what runs here.
  */
 #include "log.h"
 #include "trace.h"

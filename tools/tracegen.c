@@ -6,7 +6,7 @@
  * recorded, so the two can be compared.
  *
  * This file owns only the command line and the output. The generator, the
- * presets and the statistics are src/routing_synth.c's, shared with
+ * presets and the statistics are offline/routing_synth.c's, shared with
  * guanaco-plan; the file is written through src/trace.h's writer.
  */
 #include "routing_synth.h"

@@ -1,6 +1,6 @@
 /*
  * fuzz_trace_jsonl.c - libFuzzer harness for the JSON Lines routing-log
- * converter (guanaco_trace_convert_jsonl in src/trace_jsonl.c): the input is
+ * converter (guanaco_trace_convert_jsonl in offline/trace_jsonl.c): the input is
  * a whole .jsonl file; the trace goes to a second memfd.
  *
  * Besides "no crash, leak, hang or undefined behaviour", a conversion that
