@@ -8,7 +8,10 @@
  *   1. read the missing experts, then populate them;
  *   2. tell the policy about the experts that are now really resident (the
  *      hits and the loads that succeeded);
- *   3. evict by policy.
+ *   3. evict by policy. The victims' pages are dropped in the next call,
+ *      once its reads are submitted: a page-cache drop costs CPU time
+ *      (25-36 ms of a ~250 ms decode stall), which then runs while the disk
+ *      reads. A victim wanted again by then keeps its pages.
  * The policy has no way to forget an expert it was told about, so it is told
  * only after the reads: an expert whose read failed never enters its
  * accounting, and its pages are dropped again. The price is the transient
@@ -88,6 +91,12 @@ struct prefetch_run {
     size_t n_requests;
 };
 
+/* Victims chosen but whose pages are not dropped yet (evict_by_policy's `later`). */
+struct victim_list {
+    uint32_t *layers, *experts;
+    size_t n, capacity;
+};
+
 struct guanaco_residency {
     pthread_mutex_t lock;
     uint32_t n_layer, n_expert;
@@ -113,6 +122,7 @@ struct guanaco_residency {
     uint64_t call;
     uint32_t read_layer;      /* the layer of the call under way while read_call counts; UINT32_MAX otherwise */
     uint64_t *read_call;      /* n_expert: the call that read and mapped the expert, until the policy hears of it */
+    uint64_t *demand_call;    /* n_expert: the call whose demand reads of the expert are submitted */
     uint64_t *seen_call;      /* n_expert: the call that last saw the id, for distinct ids */
     uint32_t *distinct;       /* n_expert */
     uint32_t *missing;        /* n_expert */
@@ -141,6 +151,9 @@ struct guanaco_residency {
     uint32_t *layer_prediction;    /* n_layer: the prediction for the layer's next call, 0 = none */
     uint32_t predictions;
     bool told_prompt_room;
+
+    struct victim_list pending_drops; /* the last call's victims, dropped once the next call's reads run */
+    uint32_t last_expert_layer;       /* its victims are dropped at once: nothing stays over budget between tokens */
 
     int policy_fault;       /* tests only: the next call's policy access fails with it (0 = none) */
     bool stale;             /* a shard changed on disk: every later call fails */
@@ -178,15 +191,16 @@ static bool read_by_call(const struct guanaco_residency *r, uint32_t layer, uint
     return layer == r->read_layer && r->read_call[e] == r->call;
 }
 
-/* Whether the expert's pages are wanted: resident (the policy's answer), read by the call under way, or being
-   read ahead. */
+/* Whether the expert's pages are wanted: resident (the policy's answer), read (or being read) by the call under
+   way, or being read ahead. */
 static bool holds(const struct guanaco_residency *r, uint32_t layer, uint32_t e) {
     size_t slot = (size_t)layer * r->n_expert + e;
     return guanaco_policy_is_resident(r->policy, layer, e) || read_by_call(r, layer, e) ||
-           (r->run_of_slot && r->run_of_slot[slot]);
+           (layer == r->read_layer && r->demand_call[e] == r->call) || (r->run_of_slot && r->run_of_slot[slot]);
 }
 
 static int prefetch_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
+static int drop_pending(struct guanaco_residency *r);
 
 /* ---- create / destroy ---- */
 
@@ -315,6 +329,9 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->layers);
     free(r->shards);
     free(r->read_call);
+    free(r->demand_call);
+    free(r->pending_drops.layers);
+    free(r->pending_drops.experts);
     free(r->evicted_at);
     free(r->staging); /* load_experts never leaves a buffer in it */
     free(r->edge_scratch);
@@ -360,6 +377,7 @@ static int allocate_tables(struct guanaco_residency *r, const struct guanaco_res
     r->layers = calloc(r->n_layer, sizeof(*r->layers));
     r->shards = calloc(n_tensors ? n_tensors : 1, sizeof(*r->shards));
     r->read_call = calloc(r->n_expert, sizeof(*r->read_call));
+    r->demand_call = calloc(r->n_expert, sizeof(*r->demand_call));
     r->evicted_at = calloc(slots, sizeof(*r->evicted_at));
     r->seen_call = calloc(r->n_expert, sizeof(*r->seen_call));
     r->distinct = calloc(r->n_expert, sizeof(*r->distinct));
@@ -368,7 +386,7 @@ static int allocate_tables(struct guanaco_residency *r, const struct guanaco_res
     r->accessed = calloc(r->n_expert, sizeof(*r->accessed));
     r->policy_missing = calloc(r->n_expert, sizeof(*r->policy_missing));
     r->audit_vector = malloc(AUDIT_PAGES);
-    bool ok = r->tensors && r->layers && r->shards && r->read_call && r->evicted_at && r->seen_call && r->distinct &&
+    bool ok = r->tensors && r->layers && r->shards && r->read_call && r->demand_call && r->evicted_at && r->seen_call && r->distinct &&
               r->missing && r->missing_error && r->accessed && r->policy_missing && r->audit_vector;
     return ok ? 0 : -ENOMEM;
 }
@@ -423,6 +441,7 @@ static int add_layers(struct guanaco_residency *r, const struct guanaco_residenc
             return err;
         }
         most_requests = requests > most_requests ? requests : most_requests;
+        r->last_expert_layer = r->layers[l].n_tensors ? l : r->last_expert_layer;
     }
     if (most_requests > SIZE_MAX / sizeof(struct guanaco_io_request)) {
         return -ENOMEM;
@@ -734,9 +753,10 @@ static int drop_unaccounted_locked(struct guanaco_residency *r) {
 
 int guanaco_residency_drop_unaccounted(struct guanaco_residency *r) {
     pthread_mutex_lock(&r->lock);
+    int pending_error = drop_pending(r);
     int err = drop_unaccounted_locked(r);
     pthread_mutex_unlock(&r->lock);
-    return err;
+    return err ? err : pending_error;
 }
 
 /* ---- loading ---- */
@@ -939,6 +959,9 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
     for (size_t i = 0; i < n; i++) {
         r->missing_error[i] = 0;
     }
+    for (size_t i = 0; i < n; i++) {
+        r->demand_call[r->missing[i]] = r->call;
+    }
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
     size_t n_requests = direct ? direct_requests(r, layer, l, n) : page_cache_requests(r, l, n);
     (void)guanaco_io_submit(r->io, job, r->requests, n_requests, 1); /* per-request results below */
@@ -1098,12 +1121,6 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
 }
 
 /* Evicts by policy until the budget rule holds, protecting `layer`; 0 or the first drop error. */
-/* Victims chosen but whose pages are not dropped yet (evict_by_policy's `later`). */
-struct victim_list {
-    uint32_t *layers, *experts;
-    size_t n, capacity;
-};
-
 static int drop_victims(struct guanaco_residency *r, const uint32_t *layers, const uint32_t *experts, size_t n) {
     int drop_error = 0;
     for (size_t v = 0; v < n; v++) {
@@ -1161,6 +1178,26 @@ static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t
     }
     r->stats.evict_ns += guanaco_now_ns() - evict_start;
     r->stats.resident_bytes = guanaco_policy_resident_bytes(r->policy);
+    return drop_error;
+}
+
+/* Drops the pending victims' pages, except those wanted again since they were chosen (holds()); 0 or the
+   first drop error. */
+static int drop_pending(struct guanaco_residency *r) {
+    if (r->pending_drops.n == 0) {
+        return 0;
+    }
+    uint64_t start = guanaco_now_ns();
+    int drop_error = 0;
+    for (size_t v = 0; v < r->pending_drops.n; v++) {
+        uint32_t layer = r->pending_drops.layers[v], e = r->pending_drops.experts[v];
+        if (!holds(r, layer, e)) {
+            int err = drop_expert(r, layer, e);
+            drop_error = drop_error ? drop_error : err;
+        }
+    }
+    r->pending_drops.n = 0;
+    r->stats.evict_ns += guanaco_now_ns() - start;
     return drop_error;
 }
 
@@ -1259,6 +1296,8 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     uint64_t drop_start = guanaco_now_ns();
     int drop_error = drop_victims(r, later.layers, later.experts, later.n);
     r->stats.evict_ns += guanaco_now_ns() - drop_start;
+    int pending_error = drop_pending(r);
+    drop_error = drop_error ? drop_error : pending_error;
     free(later.layers);
     free(later.experts);
     return err ? err : drop_error;
@@ -1371,7 +1410,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
             r->missing[n_missing++] = r->distinct[i];
         }
     }
-    int first_error = 0;
+    int first_error = 0, pending_error = 0;
     r->read_layer = layer; /* from here to the policy's answer, read_call marks what this call mapped */
     if (r->runs) {
         /* What is missing goes first (urgent); read-ahead of this layer lands meanwhile and is claimed. */
@@ -1379,6 +1418,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         uint64_t start = guanaco_now_ns();
         size_t n_requests = n_missing ? submit_demand(r, layer, n_missing, &job) : 0;
         size_t n_demand = n_missing;
+        pending_error = drop_pending(r); /* while the disk reads; this call's experts are held by now */
         (void)claim_prefetch(r, layer, call, &n_missing);
         if (n_demand) {
             first_error = finish_demand(r, layer, n_demand, n_requests, &job, start);
@@ -1409,8 +1449,16 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         r->stats.peak_resident_bytes = resident;
     }
 
-    int drop_error = evict_by_policy(r, layer, token, NULL);
-    return first_error ? first_error : drop_error;
+    /* With asynchronous reads the next call drops these while its reads run. Only page-cache pages wait: the
+       kernel can reclaim them under a memory limit, where anonymous DIRECT copies would count to the end. The
+       last expert layer's go at once, so that between tokens nothing but the budget is resident. */
+    bool later = r->runs && r->load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && layer != r->last_expert_layer;
+    int drop_error = evict_by_policy(r, layer, token, later ? &r->pending_drops : NULL);
+    if (!later) {
+        int err = drop_pending(r);
+        pending_error = pending_error ? pending_error : err;
+    }
+    return first_error ? first_error : drop_error ? drop_error : pending_error;
 }
 
 int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
@@ -1521,6 +1569,7 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
         return -ENOMEM;
     }
     pthread_mutex_lock(&r->lock);
+    (void)drop_pending(r); /* what the policy let go is not counted as resident */
     for (uint32_t i = 0; i < r->n_tensors; i++) {
         const struct tensor *t = &r->tensors[i];
         uintptr_t a = (uintptr_t)t->mapped, b = a + (uintptr_t)(t->end - t->begin);

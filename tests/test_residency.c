@@ -251,6 +251,27 @@ static size_t distinct_ids(const int32_t *ids, size_t n, uint32_t *out) {
 }
 
 /*
+ * With read-ahead on and page-cache loading, a call's victims keep their pages
+ * until the next call has submitted its reads (residency.c). A test that
+ * expects that snapshots the resident set before the call (note_resident);
+ * verify then lets exactly the pages of that call's victims be cached, and
+ * counts how many were, so that the deferral is seen to happen. Victims of any
+ * earlier call must be gone.
+ */
+static bool victims_deferred;
+static bool resident_before[N_LAYER][N_EXPERT];
+static size_t deferred_pages_cached;
+
+static void note_resident(const struct model *m, struct guanaco_residency *r) {
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        for (uint32_t x = 0; x < N_EXPERT; x++) {
+            resident_before[l][x] = is_moe(m, l) && guanaco_residency_is_resident(r, l, x);
+        }
+    }
+    victims_deferred = true;
+}
+
+/*
  * Checks the state after a call on `layer` with `ids` (layer UINT32_MAX: no
  * call to check, only the global state). `expected_failed` names an expert of
  * that layer whose load must have failed, or -1.
@@ -277,6 +298,21 @@ static void verify(const struct model *m, struct guanaco_residency *r, uint32_t 
             }
         }
     }
+    for (uint32_t l = 0; victims_deferred && l < m->n_layer; l++) {
+        for (uint32_t x = 0; x < N_EXPERT && is_moe(m, l); x++) {
+            if (!resident_before[l][x] || guanaco_residency_is_resident(r, l, x)) {
+                continue;
+            }
+            for (uint32_t t = 0; t < N_TENSOR; t++) {
+                uint64_t a = slice_begin(m, l, t, x);
+                for (uint64_t p = page_down(a); p < a + stride_of_tensor[t]; p += P) {
+                    deferred_pages_cached += cached[p / P] & 1;
+                    state[p / P] = PAGE_EITHER;
+                }
+            }
+        }
+    }
+    victims_deferred = false;
     for (uint32_t l = 0; l < m->n_layer; l++) {
         for (uint32_t x = 0; x < N_EXPERT && is_moe(m, l); x++) {
             if (!guanaco_residency_is_resident(r, l, x)) {
@@ -481,6 +517,11 @@ static void run_prefetch_stream(const struct model *m, enum guanaco_io_backend i
     int32_t ids[N_LAYER][N_EXPERT * 8];
     size_t n_ids[N_LAYER];
     int failures = 0;
+    deferred_pages_cached = 0;
+    uint32_t last_moe = 0;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        last_moe = is_moe(m, l) ? l : last_moe;
+    }
     for (uint32_t token = 0; token < tokens; token++) {
         for (uint32_t l = 0; l < m->n_layer; l++) {
             n_ids[l] = is_moe(m, l) ? draw_ids(ids[l], batch, k, true) : 0;
@@ -488,6 +529,10 @@ static void run_prefetch_stream(const struct model *m, enum guanaco_io_backend i
         for (uint32_t l = 0; l < m->n_layer; l++) {
             if (!is_moe(m, l)) {
                 continue;
+            }
+            /* the last MoE layer's victims go at once: between tokens only the budget is cached */
+            if (l != last_moe) {
+                note_resident(m, r);
             }
             failures += guanaco_residency_prepare_layer(r, l, ids[l], n_ids[l], token) != 0;
             verify(m, r, l, ids[l], n_ids[l], budget, 0, -1);
@@ -520,6 +565,8 @@ static void run_prefetch_stream(const struct model *m, enum guanaco_io_backend i
     CHECK(st.prefetch_used_experts + st.prefetch_wasted_experts <= st.prefetch_issued_experts);
     CHECK(st.prefetch_hidden_bytes <= st.prefetch_used_bytes);
     CHECK(wrong == 0 || st.prefetch_wasted_experts > 0);
+    /* page-cache loading: the victims' pages were still cached after their call, and gone after the next */
+    CHECK(load_mode != GUANACO_RESIDENCY_LOAD_PAGE_CACHE || st.evictions == 0 || deferred_pages_cached > 0);
     /* the guess always held the real ids: whatever the layer needed was named */
     CHECK(st.prediction_checked > 0 && st.predicted_needed == st.prediction_checked);
     printf("  %-8s %-9s budget %5.1f%% batch %u top-%u read-ahead with %u wrong: %llu accesses, %.0f%% hits, "
