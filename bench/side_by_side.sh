@@ -198,8 +198,14 @@ run() {
     # that run drops the cache again and is refused unless it starts cold.
     local cached
     if [ "$V_KIND" = ram ]; then
-        cat "$MODEL" >/dev/null
-        cached=$(model_cached)
+        # Up to three passes: one read leaves the pages on the inactive list, and with the model near the
+        # size of RAM the kernel reclaims some of them (97-98% cached after one pass, measured); a second
+        # read makes them active.
+        for _ in 1 2 3; do
+            cat "$MODEL" >/dev/null
+            cached=$(model_cached)
+            [ $((cached * 100)) -lt $((SIZE * WARM_PCT)) ] || break
+        done
         if [ $((cached * 100)) -lt $((SIZE * WARM_PCT)) ]; then
             echo "side_by_side: REFUSED: $name started with only $cached of $SIZE bytes of the model cached" \
                 "(the warm in-RAM reference needs >= $WARM_PCT%; is memory short?)" >&2
