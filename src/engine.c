@@ -13,6 +13,7 @@
 #include "monotonic_clock.h"
 
 #include "ggml-backend.h"
+#include "gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -759,6 +760,46 @@ static int guard_mappings(struct guanaco_engine *engine, char *const *mapping_ba
     return 0;
 }
 
+/*
+ * Weights that llama.cpp uploaded to a device (-ngl with an RPC or GPU
+ * backend) were read once through the file mapping and are not needed on the
+ * host again, but munmap leaves their pages in the page cache, where they
+ * would compete with the experts for the budget's RAM. The pinned release
+ * does not drop them, so streaming does: POSIX_FADV_DONTNEED over each such
+ * tensor's bytes (whole pages only; a page a host tensor shares stays).
+ * Best effort: a shard that cannot be read again keeps its pages.
+ */
+static void drop_uploaded_weights(const struct guanaco_engine *engine, guanaco_tensor_lookup lookup, void *user) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    uint64_t dropped = 0;
+    for (int s = 0; s < m->n_shards; s++) {
+        struct gguf_init_params params = {.no_alloc = true, .ctx = NULL};
+        struct gguf_context *gguf = gguf_init_from_file(m->shard_paths[s], params);
+        int fd = gguf ? open(m->shard_paths[s], O_RDONLY | O_CLOEXEC) : -1;
+        for (int64_t i = 0; fd >= 0 && i < gguf_get_n_tensors(gguf); i++) {
+            const struct ggml_tensor *t = lookup(gguf_get_tensor_name(gguf, i), user);
+            if (!t || !t->buffer || ggml_backend_buffer_is_host(t->buffer)) {
+                continue;
+            }
+            uint64_t offset = (uint64_t)gguf_get_data_offset(gguf) + (uint64_t)gguf_get_tensor_offset(gguf, i);
+            uint64_t size = (uint64_t)gguf_get_tensor_size(gguf, i);
+            if (posix_fadvise(fd, (off_t)offset, (off_t)size, POSIX_FADV_DONTNEED) == 0) {
+                dropped += size;
+            }
+        }
+        if (fd >= 0) {
+            close(fd);
+        }
+        if (gguf) {
+            gguf_free(gguf);
+        }
+    }
+    if (dropped) {
+        guanaco_log_info("dropped %.1f MiB of weights uploaded to a device from the host's page cache",
+                         (double)dropped / 1048576.0);
+    }
+}
+
 int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup lookup, void *user) {
     if (!engine || engine->dry_run) {
         return 0; /* the memory-fit pass maps nothing */
@@ -807,6 +848,9 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
     }
     if (err == 0) {
         err = guard_mappings(engine, mapping_base);
+    }
+    if (err == 0) {
+        drop_uploaded_weights(engine, lookup, user);
     }
     if (err == 0 && engine->options.residency) {
         err = start_residency(engine, mapping_base);
