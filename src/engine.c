@@ -776,12 +776,13 @@ static void drop_uploaded_weights(const struct guanaco_engine *engine, guanaco_t
         struct gguf_init_params params = {.no_alloc = true, .ctx = NULL};
         struct gguf_context *gguf = gguf_init_from_file(m->shard_paths[s], params);
         int fd = gguf ? open(m->shard_paths[s], O_RDONLY | O_CLOEXEC) : -1;
+        const uint64_t data_offset = gguf ? (uint64_t)gguf_get_data_offset(gguf) : 0;
         for (int64_t i = 0; fd >= 0 && i < gguf_get_n_tensors(gguf); i++) {
             const struct ggml_tensor *t = lookup(gguf_get_tensor_name(gguf, i), user);
             if (!t || !t->buffer || ggml_backend_buffer_is_host(t->buffer)) {
                 continue;
             }
-            uint64_t offset = (uint64_t)gguf_get_data_offset(gguf) + (uint64_t)gguf_get_tensor_offset(gguf, i);
+            uint64_t offset = data_offset + (uint64_t)gguf_get_tensor_offset(gguf, i);
             uint64_t size = (uint64_t)gguf_get_tensor_size(gguf, i);
             if (posix_fadvise(fd, (off_t)offset, (off_t)size, POSIX_FADV_DONTNEED) == 0) {
                 dropped += size;

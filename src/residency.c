@@ -386,8 +386,9 @@ static int allocate_tables(struct guanaco_residency *r, const struct guanaco_res
     r->accessed = calloc(r->n_expert, sizeof(*r->accessed));
     r->policy_missing = calloc(r->n_expert, sizeof(*r->policy_missing));
     r->audit_vector = malloc(AUDIT_PAGES);
-    bool ok = r->tensors && r->layers && r->shards && r->read_call && r->demand_call && r->evicted_at && r->seen_call && r->distinct &&
-              r->missing && r->missing_error && r->accessed && r->policy_missing && r->audit_vector;
+    bool ok = r->tensors && r->layers && r->shards && r->read_call && r->demand_call && r->evicted_at &&
+              r->seen_call && r->distinct && r->missing && r->missing_error && r->accessed && r->policy_missing &&
+              r->audit_vector;
     return ok ? 0 : -ENOMEM;
 }
 
@@ -958,8 +959,6 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
     const struct layer *l = &r->layers[layer];
     for (size_t i = 0; i < n; i++) {
         r->missing_error[i] = 0;
-    }
-    for (size_t i = 0; i < n; i++) {
         r->demand_call[r->missing[i]] = r->call;
     }
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
@@ -1120,12 +1119,15 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
     return admitted;
 }
 
-/* Evicts by policy until the budget rule holds, protecting `layer`; 0 or the first drop error. */
+/* Drops the victims' pages, except those wanted again since they were chosen (holds(): only a victim whose
+   drop waited can be); 0 or the first drop error. */
 static int drop_victims(struct guanaco_residency *r, const uint32_t *layers, const uint32_t *experts, size_t n) {
     int drop_error = 0;
     for (size_t v = 0; v < n; v++) {
-        int e = drop_expert(r, layers[v], experts[v]);
-        drop_error = drop_error ? drop_error : e;
+        if (!holds(r, layers[v], experts[v])) {
+            int e = drop_expert(r, layers[v], experts[v]);
+            drop_error = drop_error ? drop_error : e;
+        }
     }
     return drop_error;
 }
@@ -1181,21 +1183,13 @@ static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t
     return drop_error;
 }
 
-/* Drops the pending victims' pages, except those wanted again since they were chosen (holds()); 0 or the
-   first drop error. */
+/* Drops the pages of the victims whose drop waited (evict_by_policy's `later`); 0 or the first drop error. */
 static int drop_pending(struct guanaco_residency *r) {
     if (r->pending_drops.n == 0) {
         return 0;
     }
     uint64_t start = guanaco_now_ns();
-    int drop_error = 0;
-    for (size_t v = 0; v < r->pending_drops.n; v++) {
-        uint32_t layer = r->pending_drops.layers[v], e = r->pending_drops.experts[v];
-        if (!holds(r, layer, e)) {
-            int err = drop_expert(r, layer, e);
-            drop_error = drop_error ? drop_error : err;
-        }
-    }
+    int drop_error = drop_victims(r, r->pending_drops.layers, r->pending_drops.experts, r->pending_drops.n);
     r->pending_drops.n = 0;
     r->stats.evict_ns += guanaco_now_ns() - start;
     return drop_error;
@@ -1239,8 +1233,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     /* The victims' pages are dropped once the runs are submitted: the disk starts on them first (a prompt's
        room for a whole layer is hundreds of MB of pages to drop). The runs' neighbours keep their shared
        edge pages (holds() counts runs), and until the drop the page cache holds both, at most one layer. */
-    struct victim_list later = {0};
-    int err = evict_by_policy(r, protect_layer, token, &later);
+    int err = evict_by_policy(r, protect_layer, token, &r->pending_drops);
     uint64_t used = guanaco_policy_resident_bytes(r->policy) + r->prefetch_outstanding;
     uint64_t budget = r->budget_bytes;
     size_t fits = used < budget ? (size_t)((budget - used) / expert_bytes) : 0;
@@ -1293,13 +1286,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         i += count;
     }
     guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding);
-    uint64_t drop_start = guanaco_now_ns();
-    int drop_error = drop_victims(r, later.layers, later.experts, later.n);
-    r->stats.evict_ns += guanaco_now_ns() - drop_start;
-    int pending_error = drop_pending(r);
-    drop_error = drop_error ? drop_error : pending_error;
-    free(later.layers);
-    free(later.experts);
+    int drop_error = drop_pending(r); /* these victims and any the last call left */
     return err ? err : drop_error;
 }
 
