@@ -66,6 +66,9 @@ struct tensor {
     uint64_t end;    /* one past the last expert's last byte */
     uint64_t stride;
     const char *mapped;
+    char *arena; /* NULL: computes from the mapping */
+    int (*transform)(void *context, uint32_t expert, const void *source, void *destination);
+    void *transform_context;
 };
 
 struct layer {
@@ -136,6 +139,9 @@ struct guanaco_residency {
        two EDGE_SLOT_PAGES slots each for its partial edge pages (content discarded: the page cache is the point) */
     char **staging;
     char *edge_scratch;
+    /* arena tensors: one expert slice of the file, read out of the page cache for its transform */
+    char *transform_source;
+    uint64_t transform_source_bytes;
     uint32_t victim_layers[VICTIM_CAPACITY];
     uint32_t victim_experts[VICTIM_CAPACITY];
     unsigned char *audit_vector;
@@ -224,7 +230,15 @@ static long read_long_file(const char *path) {
  */
 static int choose_load(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
     r->load = GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
+    if (r->transform_source_bytes &&
+        !(r->transform_source = malloc(r->transform_source_bytes))) {
+        return -ENOMEM;
+    }
     if (config->load != GUANACO_RESIDENCY_LOAD_DIRECT) {
+        return 0;
+    }
+    if (r->transform_source) {
+        guanaco_log_info("residency: repacked experts load through the page cache: using page-cache loading");
         return 0;
     }
     for (uint32_t i = 0; i < r->n_tensors; i++) {
@@ -335,6 +349,7 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->evicted_at);
     free(r->staging); /* load_experts never leaves a buffer in it */
     free(r->edge_scratch);
+    free(r->transform_source);
     free(r->seen_call);
     free(r->distinct);
     free(r->missing);
@@ -416,6 +431,17 @@ static int add_layer(struct guanaco_residency *r, const struct guanaco_residency
         own->stride = t->expert_stride;
         own->end = t->file_offset + t->expert_stride * r->n_expert;
         own->mapped = t->mapped;
+        own->arena = t->arena;
+        own->transform = t->transform;
+        own->transform_context = t->transform_context;
+        if (t->arena && (!t->transform || (uintptr_t)t->arena % r->page)) {
+            guanaco_log_error("residency: expert tensor %u of layer %u: an arena needs a transform and page alignment",
+                              i, l);
+            return -EINVAL;
+        }
+        if (t->arena && t->expert_stride > r->transform_source_bytes) {
+            r->transform_source_bytes = t->expert_stride;
+        }
         if (own->end > (uint64_t)sh->size) {
             guanaco_log_error("residency: expert tensor %u of layer %u ends at byte %llu but %s has %lld bytes", i, l,
                               (unsigned long long)own->end, sh->name, (long long)sh->size);
@@ -676,11 +702,43 @@ static int restore_file_pages(struct guanaco_residency *r, const struct tensor *
     return 0;
 }
 
+/* Whether no expert held in `layer` has bytes on the arena page at arena offset `page`. */
+static bool arena_page_droppable(const struct guanaco_residency *r, uint32_t layer, const struct tensor *t,
+                                 uint64_t page) {
+    uint64_t first = page / t->stride, last = (page + r->page - 1) / t->stride;
+    for (uint64_t e = first; e <= last && e < r->n_expert; e++) {
+        if (holds(r, layer, (uint32_t)e)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* An arena tensor's share of drop_expert: the slice's arena pages, edges by arena_page_droppable. */
+static int drop_arena_slice(struct guanaco_residency *r, uint32_t layer, const struct tensor *t, uint32_t e) {
+    uint64_t a = (uint64_t)e * t->stride, b = a + t->stride, length = page_up(r, t->end - t->begin);
+    uint64_t start = page_up(r, a), end = page_down(r, b);
+    if (a % r->page && arena_page_droppable(r, layer, t, page_down(r, a))) {
+        start = page_down(r, a);
+    }
+    if (b % r->page && arena_page_droppable(r, layer, t, page_down(r, b))) {
+        end = page_down(r, b) + r->page < length ? page_down(r, b) + r->page : length;
+    }
+    if (start < end && madvise(t->arena + start, end - start, MADV_DONTNEED) != 0) {
+        int err = -errno;
+        guanaco_log_error("residency: madvise(MADV_DONTNEED) on the arena of %s bytes %llu..%llu: %s",
+                          r->shards[t->shard].name, (unsigned long long)(t->begin + start),
+                          (unsigned long long)(t->begin + end), strerror(-err));
+        return err;
+    }
+    return 0;
+}
+
 /*
  * Drops the pages of expert e of `layer` that nothing resident needs. The
  * expert must already be marked non-resident. Its interior pages always go;
  * each edge page goes when page_droppable says so. The result is one
- * contiguous range per slice.
+ * contiguous range per slice, and for an arena tensor one in the arena too.
  */
 static int drop_expert(struct guanaco_residency *r, uint32_t layer, uint32_t e) {
     const struct layer *l = &r->layers[layer];
@@ -706,6 +764,10 @@ static int drop_expert(struct guanaco_residency *r, uint32_t layer, uint32_t e) 
             if (err && !first_error) {
                 first_error = err;
             }
+        }
+        if (t->arena) {
+            int err = drop_arena_slice(r, layer, t, e);
+            first_error = first_error ? first_error : err;
         }
     }
     return first_error;
@@ -789,6 +851,75 @@ static int populate(struct guanaco_residency *r, const char *start, uint64_t len
         (void)*(const volatile char *)(start + at);
     }
     return 0;
+}
+
+/*
+ * An arena tensor's expert e: its bytes, read into the page cache already (or
+ * now, from the disk), are copied out and transformed into the arena. The
+ * page cache lets go of them at the end of the call (drop_arena_file_pages).
+ */
+static int transform_slice(struct guanaco_residency *r, const struct tensor *t, uint32_t e) {
+    uint64_t a = t->begin + (uint64_t)e * t->stride;
+    for (uint64_t done = 0; done < t->stride;) {
+        ssize_t got = pread(t->fd, r->transform_source + done, t->stride - done, (off_t)(a + done));
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got <= 0) {
+            return got < 0 ? -errno : -ENODATA;
+        }
+        done += (uint64_t)got;
+    }
+    uint64_t start = guanaco_now_ns();
+    int err = t->transform(t->transform_context, e, r->transform_source, t->arena + (a - t->begin));
+    r->stats.transform_ns += guanaco_now_ns() - start;
+    if (err) {
+        return err;
+    }
+    r->stats.transformed_bytes += t->stride;
+    return 0;
+}
+
+/* Bytes beyond an arena tensor's ends that its page-cache drop covers too: a large folio the kernel read
+   around the first or last slice can reach past the tensor, and a drop skips a folio it does not cover whole. */
+#define ARENA_DROP_MARGIN_BYTES (2u << 20)
+
+/*
+ * Once a call is done, the file's pages of `layer`'s arena tensors are needed
+ * by no one: the arenas hold the experts. So the whole of each such tensor
+ * leaves the page cache, by one fadvise. Not while read-ahead is in flight,
+ * whose pages a later call will copy out. Mapped pages are skipped by the
+ * kernel, so a neighbour that computes from the mapping keeps what it uses.
+ */
+static void drop_arena_file_pages(struct guanaco_residency *r, uint32_t layer) {
+    const struct layer *l = &r->layers[layer];
+    if (!r->transform_source || r->prefetch_outstanding) {
+        return;
+    }
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        if (t->arena) {
+            /* read-ahead that was waited for by mapping it (settle_issued) left page-table entries, which keep the
+               pages: only the tensor's own whole pages, as the edge pages may be a neighbour's that computes */
+            if (page_up(r, t->begin) < page_down(r, t->end)) {
+                (void)madvise((void *)(uintptr_t)address_of(t, page_up(r, t->begin)),
+                              page_down(r, t->end) - page_up(r, t->begin), MADV_DONTNEED);
+            }
+            uint64_t a = t->begin > ARENA_DROP_MARGIN_BYTES ? page_down(r, t->begin - ARENA_DROP_MARGIN_BYTES) : 0;
+            uint64_t b = page_up(r, t->end + ARENA_DROP_MARGIN_BYTES);
+            (void)posix_fadvise(t->fd, (off_t)a, (off_t)(b - a), POSIX_FADV_DONTNEED);
+        }
+    }
+}
+
+/* Expert e's slice of t where it computes: the arena's transformed copy, or the mapping's pages (populate,
+   rounded outward: the edge pages hold its bytes too). */
+static int place_slice(struct guanaco_residency *r, const struct tensor *t, uint32_t e) {
+    if (t->arena) {
+        return transform_slice(r, t, e);
+    }
+    uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
+    return populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
 }
 
 static void add_request(struct guanaco_residency *r, size_t *n_requests, int fd, uint64_t offset, uint64_t length,
@@ -923,8 +1054,7 @@ static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32
                 }
             }
         } else {
-            /* outward: the edge pages hold our bytes too */
-            err = populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
+            err = place_slice(r, t, e);
         }
         if (err) {
             guanaco_log_error("residency: cannot map expert %u of layer %u (%s, bytes %llu..%llu): %s", e,
@@ -936,12 +1066,13 @@ static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32
     return 0;
 }
 
-/* Maps every slice of expert e, edge pages included: its bytes are in the page cache already. */
-static int populate_slices(struct guanaco_residency *r, const struct layer *l, uint32_t e) {
+/* Maps every slice of expert e, edge pages included, which waits for reads in flight; with `place`, an arena
+   tensor's slice is transformed into the arena instead. Its bytes are in the page cache already. */
+static int populate_slices(struct guanaco_residency *r, const struct layer *l, uint32_t e, bool place) {
     for (uint32_t k = 0; k < l->n_tensors; k++) {
         const struct tensor *t = &r->tensors[l->first_tensor + k];
         uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
-        int err = populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
+        int err = place ? place_slice(r, t, e) : populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
         if (err) {
             return err;
         }
@@ -978,7 +1109,7 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
     const struct layer *l = &r->layers[layer];
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
     (void)guanaco_io_wait(r->io, job);
-    uint64_t read_end = guanaco_now_ns();
+    uint64_t read_end = guanaco_now_ns(), transform_before = r->stats.transform_ns;
     r->stats.read_ns += read_end - read_start;
     r->stats.reads_issued += n_requests;
     int first_error = collect_read_results(r, layer, n_requests);
@@ -1008,10 +1139,12 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
         }
     }
     /* PAGE_CACHE: the job only issued the reads; mapping waited for the disk, so that is read time too */
+    uint64_t transforms = r->stats.transform_ns - transform_before;
     if (direct) {
         r->stats.populate_ns += guanaco_now_ns() - read_end;
     } else {
-        r->stats.read_ns += guanaco_now_ns() - read_end;
+        r->stats.read_ns += guanaco_now_ns() - read_end - transforms;
+        r->stats.populate_ns += transforms;
     }
     return first_error;
 }
@@ -1099,13 +1232,13 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
             if (r->seen_call[e] != call) {
                 r->stats.prefetch_wasted_bytes += per_expert;
                 r->stats.prefetch_wasted_experts++;
-                (void)populate_slices(r, l, e); /* waits for its reads, so the drop finds nothing in flight */
+                (void)populate_slices(r, l, e, false); /* waits for its reads, so the drop finds nothing in flight */
                 (void)drop_expert(r, layer, e);
                 continue;
             }
             /* the reads were issued at once; whether the disk had answered shows in the page cache */
             bool hidden = expert_cached(r, layer, e);
-            if (err == 0 && populate_slices(r, l, e) == 0) {
+            if (err == 0 && populate_slices(r, l, e, true) == 0) {
                 admit_loaded(r, e);
                 r->stats.prefetch_used_bytes += per_expert;
                 r->stats.prefetch_used_experts++;
@@ -1445,6 +1578,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         int err = drop_pending(r);
         pending_error = pending_error ? pending_error : err;
     }
+    drop_arena_file_pages(r, layer);
     return first_error ? first_error : drop_error ? drop_error : pending_error;
 }
 
@@ -1492,7 +1626,7 @@ int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_lay
         size_t n = 0;
         for (uint32_t e = 0; e < r->n_expert && n < per_layer && l->n_tensors; e++) {
             if (!guanaco_policy_is_resident(r->policy, layer, e) && expert_cached(r, layer, e) &&
-                populate_slices(r, l, e) == 0) {
+                populate_slices(r, l, e, true) == 0) {
                 r->accessed[n++] = e;
             }
         }
@@ -1510,6 +1644,9 @@ int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_lay
             break;
         }
         *adopted += n;
+    }
+    for (uint32_t layer = 0; layer < r->n_layer; layer++) {
+        drop_arena_file_pages(r, layer); /* after every layer's copies: a drop's margin may reach the next layer */
     }
     if (!err) {
         err = evict_by_policy(r, 0, 0, NULL);
@@ -1551,7 +1688,7 @@ static int compare_ranges(const void *a, const void *b) {
 
 int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_resident_bytes) {
     *mapped_resident_bytes = 0;
-    struct address_range *ranges = calloc(r->n_tensors ? r->n_tensors : 1, sizeof(*ranges));
+    struct address_range *ranges = calloc(r->n_tensors ? 2 * r->n_tensors : 1, sizeof(*ranges));
     if (!ranges) {
         return -ENOMEM;
     }
@@ -1562,13 +1699,22 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
         uintptr_t a = (uintptr_t)t->mapped, b = a + (uintptr_t)(t->end - t->begin);
         ranges[i] = (struct address_range){a - a % r->page, (b + r->page - 1) / r->page * r->page};
     }
+    /* An arena tensor holds its experts in the arena; its file pages count too, as whatever is cached. */
+    uint32_t n_ranges = r->n_tensors;
+    for (uint32_t i = 0; i < r->n_tensors; i++) {
+        const struct tensor *t = &r->tensors[i];
+        if (t->arena) {
+            uintptr_t a = (uintptr_t)t->arena;
+            ranges[n_ranges++] = (struct address_range){a, a + (uintptr_t)page_up(r, t->end - t->begin)};
+        }
+    }
     /* Adjacent tensors of one shard share a page; merged, it is counted once. */
-    qsort(ranges, r->n_tensors, sizeof(*ranges), compare_ranges);
+    qsort(ranges, n_ranges, sizeof(*ranges), compare_ranges);
     int err = 0;
     uint64_t resident_pages = 0;
-    for (uint32_t i = 0; i < r->n_tensors && !err;) {
+    for (uint32_t i = 0; i < n_ranges && !err;) {
         uintptr_t start = ranges[i].start, end = ranges[i].end;
-        for (i++; i < r->n_tensors && ranges[i].start <= end; i++) {
+        for (i++; i < n_ranges && ranges[i].start <= end; i++) {
             end = ranges[i].end > end ? ranges[i].end : end;
         }
         for (uintptr_t at = start; at < end;) {

@@ -90,6 +90,17 @@
  * neighbours, stay file-backed and go through the page cache as above.
  * Every resident slice costs up to two VMAs; when the worst case would not
  * fit under vm.max_map_count, create falls back to PAGE_CACHE and says so.
+ *
+ * A tensor with an arena (guanaco_residency_tensor.arena) computes from the
+ * arena, not from the mapping. Its slices are read as in PAGE_CACHE, then
+ * copied out of the page cache (pread) through the tensor's transform into
+ * the arena, and their pages leave the page cache at once. Eviction drops
+ * the arena's pages (MADV_DONTNEED), with the edge-page rule applied to the
+ * arena's pages. Such tensors always load this way; DIRECT falls back to
+ * PAGE_CACHE when any tensor has an arena. An evicted arena slice reads as
+ * zeros, not as the file's bytes, so a context computing while another
+ * context's call evicts its experts would compute wrong weights: the caller
+ * must not use arenas with concurrent contexts.
  */
 enum guanaco_residency_load {
     GUANACO_RESIDENCY_LOAD_PAGE_CACHE = 0,
@@ -103,6 +114,12 @@ struct guanaco_residency_tensor {   /* one expert tensor of one MoE layer */
     uint64_t expert_stride; /* bytes of one expert */
     const char *mapped;     /* the tensor's first byte in the process's mapping of that shard */
     uint64_t file_size;     /* of the shard, for bounds */
+    /* Optional, for experts that compute in another layout than the file's (expert_repack.h): where they
+       compute, page aligned, expert e at arena + e * expert_stride, reserved and not committed; and how the
+       file's bytes of expert e become that layout. NULL: the tensor computes from the mapping. */
+    char *arena;
+    int (*transform)(void *context, uint32_t expert, const void *source, void *destination);
+    void *transform_context;
 };
 
 struct guanaco_residency_config {
@@ -126,6 +143,8 @@ struct guanaco_residency_stats {
     uint64_t stall_ns;              /* time spent inside prepare_layer, of which: */
     uint64_t read_ns, populate_ns, evict_ns; /* the reads (PAGE_CACHE: until mapped, as mapping waits for the
                                                 disk), DIRECT's placing and mapping, dropping victims */
+    uint64_t transform_ns;          /* inside populate_ns: arena tensors' transforms (expert_repack.h) */
+    uint64_t transformed_bytes;     /* bytes that went through a transform */
     uint64_t resident_bytes;        /* accounting */
     uint64_t peak_resident_bytes;   /* highest accounting, reached between the reads and the eviction */
     uint64_t budget_bytes;          /* the budget now (--guanaco-ram auto may resize it) */

@@ -17,7 +17,9 @@
  *   - max_experts_per_layer holds.
  * Then: budgets below one layer's working set, injected read faults, a file
  * truncated or touched underneath, bad configurations, two threads at once,
- * both io backends. Files go under $TMPDIR (or /tmp) and are removed.
+ * both io backends; and tensors with arenas (the layout repacked experts
+ * compute from), filled through a transform that a plain copy cannot pass,
+ * with read-ahead and a warm start. Files go under $TMPDIR (or /tmp) and are removed.
  */
 #include "io.h"
 #include "log.h"
@@ -661,6 +663,188 @@ static void test_warm_start(const struct model *m, enum guanaco_io_backend io) {
     guanaco_residency_destroy(r);
 }
 
+/* ---- arenas: experts that compute in another layout (expert_repack.h) ---- */
+
+/* The test's transform: the slice reversed and XORed, so a plain copy or a neighbour's bytes would not match. */
+static int reverse_transform(void *context, uint32_t expert, const void *source, void *destination) {
+    uint64_t stride = *(const uint64_t *)context;
+    const unsigned char *from = source;
+    unsigned char *to = destination;
+    for (uint64_t i = 0; i < stride; i++) {
+        to[i] = (unsigned char)(from[stride - 1 - i] ^ 0x5a ^ (unsigned char)expert);
+    }
+    return 0;
+}
+
+struct arena_model {
+    struct model m; /* a copy of the file's model whose tensors have arenas */
+    char *arena[N_LAYER][N_TENSOR];
+    uint64_t length[N_TENSOR];
+};
+
+static void arenas_create(struct arena_model *a, const struct model *m) {
+    a->m = *m;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        a->m.per_layer[l] = a->m.tensors[l];
+        for (uint32_t t = 0; t < m->tensors_in_layer[l]; t++) {
+            a->length[t] = page_up(stride_of_tensor[t] * N_EXPERT);
+            a->arena[l][t] = mmap(NULL, a->length[t], PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                                  -1, 0);
+            CHECK(a->arena[l][t] != MAP_FAILED);
+            (void)madvise(a->arena[l][t], a->length[t], MADV_NOHUGEPAGE);
+            a->m.tensors[l][t].arena = a->arena[l][t];
+            a->m.tensors[l][t].transform = reverse_transform;
+            a->m.tensors[l][t].transform_context = (void *)(uintptr_t)&stride_of_tensor[t];
+        }
+    }
+}
+
+static void arenas_destroy(struct arena_model *a) {
+    for (uint32_t l = 0; l < a->m.n_layer; l++) {
+        for (uint32_t t = 0; t < a->m.tensors_in_layer[l]; t++) {
+            munmap(a->arena[l][t], a->length[t]);
+        }
+    }
+}
+
+/*
+ * After each call: every needed expert's arena slice is the transform of its
+ * file bytes; an arena page is in RAM exactly when a resident expert
+ * touches it; no page wholly inside a resident expert's file slice is in the
+ * page cache (the copy left it); the audit counts at least the arena pages.
+ */
+static void verify_arenas(const struct arena_model *a, struct guanaco_residency *r, uint32_t layer,
+                          const int32_t *ids, size_t n_ids) {
+    const struct model *m = &a->m;
+    unsigned char *expected = malloc(150000), *vector = malloc(page_up(150000ull * N_EXPERT) / P);
+    unsigned char *cached = malloc(page_up(m->size) / P);
+    uint64_t audited = 0;
+    CHECK(guanaco_residency_audit(r, &audited) == 0); /* first: it drops the victims whose drop was deferred */
+    CHECK(mincore((void *)(uintptr_t)m->map2, m->size, cached) == 0);
+    uint64_t arena_pages = 0;
+    for (size_t i = 0; i < n_ids; i++) {
+        for (uint32_t t = 0; t < m->tensors_in_layer[layer]; t++) {
+            (void)reverse_transform((void *)(uintptr_t)&stride_of_tensor[t], (uint32_t)ids[i],
+                                    expected_content + slice_begin(m, layer, t, (uint32_t)ids[i]), expected);
+            CHECK(memcmp(a->arena[layer][t] + (uint64_t)ids[i] * stride_of_tensor[t], expected, stride_of_tensor[t]) == 0);
+        }
+    }
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        for (uint32_t t = 0; t < m->tensors_in_layer[l]; t++) {
+            uint64_t stride = stride_of_tensor[t], n_pages = a->length[t] / P;
+            CHECK(mincore(a->arena[l][t], a->length[t], vector) == 0);
+            for (uint64_t p = 0; p < n_pages; p++) {
+                bool wanted = false;
+                for (uint64_t e = p * P / stride; e <= (p * P + P - 1) / stride && e < N_EXPERT; e++) {
+                    wanted = wanted || guanaco_residency_is_resident(r, l, (uint32_t)e);
+                }
+                if ((bool)(vector[p] & 1) != wanted) {
+                    fprintf(stderr, "arena page %llu of layer %u tensor %u: in RAM %d, wanted %d (call on layer %u)\n",
+                            (unsigned long long)p, l, t, vector[p] & 1, wanted, layer);
+                }
+                CHECK((bool)(vector[p] & 1) == wanted);
+                arena_pages += vector[p] & 1;
+            }
+            for (uint32_t e = 0; e < N_EXPERT; e++) {
+                uint64_t b = slice_begin(m, l, t, e);
+                for (uint64_t page = page_up(b); guanaco_residency_is_resident(r, l, e) && page + P <= b + stride;
+                     page += P) {
+                    if (cached[page / P] & 1) {
+                        fprintf(stderr, "file page %llu inside resident expert %u of layer %u tensor %u is cached\n",
+                                (unsigned long long)(page / P), e, l, t);
+                    }
+                    CHECK(!(cached[page / P] & 1));
+                }
+            }
+        }
+    }
+    CHECK(audited >= arena_pages * P);
+    free(expected);
+    free(vector);
+    free(cached);
+}
+
+static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    struct arena_model a;
+    arenas_create(&a, m);
+    const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
+    /* DIRECT cannot fill an arena: asked for, it falls back */
+    struct guanaco_residency_config config = config_of(&a.m, all * 3 / 10, 0, GUANACO_POLICY_LAYER_LRU, io);
+    config.load = GUANACO_RESIDENCY_LOAD_DIRECT;
+    config.prefetch_bytes = all * 3 / 20;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        arenas_destroy(&a);
+        return;
+    }
+    int failures = 0;
+    for (uint32_t token = 0; token < 12; token++) {
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            if (!is_moe(m, l)) {
+                continue;
+            }
+            int32_t ids[8];
+            uint32_t next[4];
+            for (size_t i = 0; i < 8; i++) {
+                ids[i] = (int32_t)(next_random() % (i < 4 ? 6 : N_EXPERT)); /* a hot set and the rest */
+            }
+            failures += guanaco_residency_prepare_layer(r, l, ids, 8, token) != 0;
+            verify_arenas(&a, r, l, ids, 8);
+            uint32_t following = l + 1 == DENSE_LAYER ? l + 2 : l + 1;
+            for (size_t i = 0; i < 4 && following < m->n_layer; i++) {
+                next[i] = (uint32_t)(next_random() % N_EXPERT);
+            }
+            if (following < m->n_layer) {
+                failures += guanaco_residency_prefetch(r, following, next, 4, 4, l, token) != 0;
+            }
+        }
+    }
+    CHECK(failures == 0);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && st.evictions > 0 && st.prefetch_used_experts > 0);
+    CHECK(st.transformed_bytes == st.expert_loads * EXPERT_BYTES); /* every load, claimed read-ahead too */
+    guanaco_residency_destroy(r);
+
+    /* a warm start fills arenas from the page cache without a read (the engine before left its arenas filled) */
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        for (uint32_t t = 0; t < m->tensors_in_layer[l]; t++) {
+            CHECK(madvise(a.arena[l][t], a.length[t], MADV_DONTNEED) == 0);
+        }
+    }
+    drop_whole_file(m);
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        for (uint32_t t = 0; t < m->tensors_in_layer[l]; t++) {
+            uint64_t b0 = slice_begin(m, l, t, 0), b1 = slice_begin(m, l, t, 4);
+            char *buffer = malloc(b1 - b0);
+            CHECK(pread(m->fd, buffer, b1 - b0, (off_t)b0) == (ssize_t)(b1 - b0));
+            free(buffer);
+        }
+    }
+    config.load = GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
+    config.budget_bytes = all;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (r) {
+        uint64_t adopted = 0;
+        CHECK(guanaco_residency_adopt_cached(r, 3, &adopted) == 0);
+        CHECK(adopted == 3ull * (m->n_layer - 1));
+        CHECK(guanaco_residency_drop_unaccounted(r) == 0);
+        int32_t ids[3] = {0, 1, 2};
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            if (is_moe(m, l)) {
+                CHECK(guanaco_residency_prepare_layer(r, l, ids, 3, 1) == 0);
+                verify_arenas(&a, r, l, ids, 3);
+            }
+        }
+        guanaco_residency_get_stats(r, &st);
+        CHECK(st.bytes_read == 0 && st.hits == st.accesses && st.transformed_bytes == adopted * EXPERT_BYTES);
+        guanaco_residency_destroy(r);
+    }
+    arenas_destroy(&a);
+}
+
 /* ---- injected faults ---- */
 
 static void test_faults(const struct model *m, enum guanaco_io_backend io) {
@@ -943,6 +1127,9 @@ int main(void) {
             /* (DIRECT scenarios leave anonymous copies in this shared test mapping, which mincore then reports;
                a real start adopts from a fresh mapping whatever the mode) */
             test_warm_start(&m, io);
+        }
+        if (load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
+            test_arenas(&m, io);
         }
         test_faults(&m, io);
         test_policy_refusal(&m, io);
