@@ -9,14 +9,16 @@
 #
 #   bench/side_by_side.sh --model M.gguf [--replay TRACE] [--budgets "10 25 50 100"]
 #       [--variants "ram plain lazy guanaco"] [--reps N] [--tokens N] [--prompt N]
-#       [--margin-mib N] [--compute-ms X] [--threads N] [--out DIR] [--title TEXT]
+#       [--margin-mib N] [--compute-ms X] [--threads N] [--repack] [--out DIR] [--title TEXT]
 #
 # A budget B% means: Guanaco may keep B% of the model's expert bytes resident
 # (--guanaco-ram), and every variant runs in a cgroup limit of
 #   non-expert bytes + B% of expert bytes + margin (default 1536 MiB: KV cache,
 #   compute buffers, one layer's working set in flight, the process itself).
 # Variants (each runs with -nr: no CPU repacking, so plain llama.cpp can
-# stream Q4_0 at all, and both compute on the same layout):
+# stream Q4_0 at all, and both compute on the same layout; with --repack the
+# ram and guanaco variants run without -nr, as users run them: plain llama.cpp's
+# default repacks in RAM, and Guanaco repacks what it reads, --guanaco-repack):
 #   ram              the WARM in-RAM reference: the whole model is read into the page
 #                    cache first (cat), then llama-bench runs with streaming off and no
 #                    binding limit (a cgroup at MemTotal, only to measure reads and peak).
@@ -68,7 +70,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN="$ROOT/build/cmake/bin"
 
 MODEL="" REPLAY="" BUDGETS="10 25 50 100" VARIANTS="ram plain lazy guanaco" REPS=1 TOKENS=16 PROMPT=32
-MARGIN_MIB=1536 COMPUTE_MS="" OUT="" TITLE="" THREADS=$(nproc)
+MARGIN_MIB=1536 COMPUTE_MS="" OUT="" TITLE="" THREADS=$(nproc) REPACK=0
 UBATCH=512     # llama-bench's default -ub, passed explicitly: the prompt's status lines come one per ubatch
 WARM_PCT=99    # the ram run must start with at least this much of the model cached
 COLD_PCT=1     # every other run with at most this much
@@ -88,6 +90,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --title) TITLE=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
+    --repack) REPACK=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
@@ -223,8 +226,12 @@ run() {
     cached_pct=$(awk -v c="$cached" -v s="$SIZE" 'BEGIN { printf "%.1f", 100 * c / s }')
     local wrap=(bash "$ROOT/tests/cgroup_run.sh" "$limit" --)
     local rc=0
+    local no_repack=-nr
+    if [ "$REPACK" = 1 ] && { [ "$V_KIND" = ram ] || [ "$V_KIND" = guanaco ]; }; then
+        no_repack=""
+    fi
     env "${env_extra[@]}" "${wrap[@]}" "$BIN/llama-bench" -m "$MODEL" -p "$PROMPT" -n "$TOKENS" -r 1 -t "$THREADS" \
-        -ub "$UBATCH" -nr -o csv "${flags[@]}" >"$OUT/logs/$name.csv" 2>"$OUT/logs/$name.err" || rc=$?
+        -ub "$UBATCH" ${no_repack:+"$no_repack"} -o csv "${flags[@]}" >"$OUT/logs/$name.csv" 2>"$OUT/logs/$name.err" || rc=$?
     local csv="$OUT/logs/$name.csv" err="$OUT/logs/$name.err"
     local tg pp
     tg=$(awk -F'"?,"?' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i }

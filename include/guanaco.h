@@ -48,6 +48,13 @@ enum guanaco_load_mode {
     GUANACO_LOAD_DIRECT = 1,     /* O_DIRECT reads into anonymous pages moved over the expert's range */
 };
 
+/* Whether resident experts run on llama.cpp's repacked CPU kernels (each repacked as it is read). */
+enum guanaco_repack_mode {
+    GUANACO_REPACK_OFF = 0,  /* the file's layout: logits equal --guanaco-reference */
+    GUANACO_REPACK_ON = 1,   /* every type that has a repacked kernel: logits equal plain llama.cpp's default */
+    GUANACO_REPACK_AUTO = 2, /* where it pays: the types that repack at memcpy speed, all when everything fits */
+};
+
 #define GUANACO_PATH_BYTES 4096
 #define GUANACO_DEFAULT_STATUS_EVERY 32u
 
@@ -70,7 +77,8 @@ struct guanaco_options {
     int prefetch;          /* --guanaco-prefetch: an enum guanaco_predictor_kind; none = no read-ahead */
     bool prefetch_throttle; /* --guanaco-prefetch-throttle: read ahead only where measured faster */
     double pilot_mass;     /* --guanaco-pilot-mass; 0 = the predictor's default */
-    bool reference;        /* --guanaco-reference: plain llama.cpp computing as streaming does */
+    bool reference;        /* --guanaco-reference: plain llama.cpp computing as bare streaming does */
+    enum guanaco_repack_mode repack; /* --guanaco-repack (expert_repack.h) */
 };
 
 /*
@@ -97,13 +105,15 @@ struct guanaco_engine;
  * Open the engine for a model being loaded from `path` (and `n_split_paths`
  * shards in `split_paths`, or none for a single file). `dry_run` is for the
  * loader's no-compute memory-fit pass: same decisions, no mapping, no output.
+ * `repack_allowed` is llama.cpp's use_extra_bufts (false with --no-repack):
+ * whether resident experts may run on the repacked kernels.
  *
  * Returns 0 and sets *out to NULL when streaming is off or the model is dense
  * (no *_exps tensors; it then says so in one line), 0 with an engine, or a
  * negative errno with a message when the file cannot be understood.
  */
 int guanaco_engine_open(const char *path, const char *const *split_paths, size_t n_split_paths,
-                        bool dry_run, struct guanaco_engine **out);
+                        bool dry_run, bool repack_allowed, struct guanaco_engine **out);
 
 /* True when `tensor_name` is an expert tensor (blk.N.ffn_*_exps.*) of this model. */
 bool guanaco_engine_is_expert_tensor(const struct guanaco_engine *engine, const char *tensor_name);

@@ -7,6 +7,7 @@
  */
 #include "engine.h"
 #include "budget.h"
+#include "expert_repack.h"
 #include "mapping_guard.h"
 #include "imatrix.h"
 #include "log.h"
@@ -167,7 +168,7 @@ static int open_traces(struct guanaco_engine *engine) {
 }
 
 int guanaco_engine_open(const char *path, const char *const *split_paths, size_t n_split_paths, bool dry_run,
-                        struct guanaco_engine **out) {
+                        bool repack_allowed, struct guanaco_engine **out) {
     *out = NULL;
     struct guanaco_options options;
     int err = guanaco_options_get(&options);
@@ -184,6 +185,7 @@ int guanaco_engine_open(const char *path, const char *const *split_paths, size_t
     }
     engine->options = options;
     engine->dry_run = dry_run;
+    engine->repack_allowed = repack_allowed;
     err = guanaco_manifest_load(path, split_paths, n_split_paths, &engine->manifest);
     if (err < 0) {
         free(engine);
@@ -485,6 +487,11 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         engine->shard_fds[s] = -1;
         engine->shard_direct_fds[s] = -1;
     }
+    int err = 0;
+    if (o->repack != GUANACO_REPACK_OFF && engine->repack_allowed &&
+        (err = guanaco_expert_repack_create(&engine->repack)) < 0) {
+        return err;
+    }
     enum guanaco_residency_load load =
         o->load == GUANACO_LOAD_DIRECT ? GUANACO_RESIDENCY_LOAD_DIRECT : GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
     for (int s = 0; s < m->n_shards; s++) {
@@ -515,6 +522,9 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         }
         engine->residency_tensors_in_layer[layer] = 0;
     }
+    /* Both knobs may be set and the tighter wins; a budget not given is derived. */
+    uint64_t budget = o->ram_bytes ? o->ram_bytes : automatic_budget(engine);
+    const bool everything_fits = budget >= m->expert_bytes && (!o->max_experts || o->max_experts >= (uint32_t)m->n_expert);
     for (size_t i = 0; i < m->n_tensors; i++) {
         const struct guanaco_expert_tensor *e = &m->tensors[i];
         if (!mapping_base[e->shard]) {
@@ -529,9 +539,21 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         r->expert_stride = e->expert_stride;
         r->mapped = mapping_base[e->shard] + e->file_offset;
         r->file_size = m->shard_sizes[e->shard];
+        struct ggml_tensor *tensor = engine->expert_tensors[i];
+        if (engine->repack && tensor &&
+            (o->repack == GUANACO_REPACK_ON || guanaco_expert_repack_pays(tensor->type, everything_fits))) {
+            if ((err = guanaco_expert_repack_adopt(engine->repack, engine->expert_tensors[i], &r->arena)) < 0) {
+                return err;
+            }
+            r->transform = r->arena ? guanaco_expert_repack_transform : NULL;
+            r->transform_context = r->arena ? engine->expert_tensors[i] : NULL;
+            engine->repacked_tensors += r->arena != NULL;
+        }
     }
-    /* Both knobs may be set and the tighter wins; a budget not given is derived. */
-    uint64_t budget = o->ram_bytes ? o->ram_bytes : automatic_budget(engine);
+    if (engine->repack && engine->repacked_tensors == 0) {
+        guanaco_expert_repack_destroy(engine->repack); /* no type here has a repacked kernel */
+        engine->repack = NULL;
+    }
     struct guanaco_residency_config config = {
         .n_layer = (uint32_t)m->n_layer,
         .n_expert = (uint32_t)m->n_expert,
@@ -546,7 +568,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .prefetch_bytes = o->prefetch != GUANACO_PREDICTOR_NONE && load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE
                               ? guanaco_read_ahead_allowance(budget) : 0,
     };
-    int err = guanaco_residency_create(&config, &engine->residency);
+    err = guanaco_residency_create(&config, &engine->residency);
     if (err == -ENOSYS && config.io_backend == GUANACO_IO_URING) {
         guanaco_log_info("io_uring is not available here: using the pread thread pool");
         config.io_backend = GUANACO_IO_THREADS;
@@ -815,6 +837,11 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
     if (!mapping_base) {
         return -ENOMEM;
     }
+    engine->expert_tensors = calloc(m->n_tensors ? m->n_tensors : 1, sizeof(*engine->expert_tensors));
+    if (!engine->expert_tensors) {
+        free(mapping_base);
+        return -ENOMEM;
+    }
     size_t attached = 0;
     uint64_t attached_bytes = 0;
     int err = 0;
@@ -844,6 +871,7 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
             guanaco_log_error("madvise over expert tensor %s failed: %s", e->name, strerror(-err));
             break;
         }
+        engine->expert_tensors[i] = t;
         attached++;
         attached_bytes += e->nbytes;
     }
@@ -865,9 +893,15 @@ int guanaco_engine_attach(struct guanaco_engine *engine, guanaco_tensor_lookup l
     free(mapping_base);
     if (err == 0 && !engine->dry_run) {
         guanaco_log_info("streaming %zu expert tensors (%.2f GiB of %.2f GiB): not read at load, readahead=%s; "
-                         "non-expert weights prefetched and placed as llama.cpp chooses (repacked where it repacks), so "
-                         "results equal --guanaco-reference",
-                         attached, gib(attached_bytes), gib(m->total_bytes), readahead_name(engine->options.readahead));
+                         "non-expert weights prefetched and placed as llama.cpp chooses (repacked where it repacks); "
+                         "%zu expert tensors run repacked, so results equal %s",
+                         attached, gib(attached_bytes), gib(m->total_bytes), readahead_name(engine->options.readahead),
+                         engine->repacked_tensors,
+                         !engine->repack_allowed ? "plain llama.cpp's --no-repack"
+                         : engine->repack ? "plain llama.cpp's default"
+                         : engine->residency && engine->options.repack == GUANACO_REPACK_ON
+                             ? "plain llama.cpp's default (no expert tensor here has a repacked kernel)"
+                             : "--guanaco-reference");
     }
     return err;
 }
@@ -1050,6 +1084,8 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
         log_residency("residency", &st, &engine->after_preload, atomic_load(&engine->tokens_done), tail);
         guanaco_residency_destroy(engine->residency);
     }
+    guanaco_expert_repack_destroy(engine->repack);
+    free(engine->expert_tensors);
     if (engine->predictor) {
         log_gate_recall(engine);
         guanaco_predictor_free(engine->predictor);

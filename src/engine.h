@@ -20,6 +20,10 @@ struct guanaco_engine {
     struct guanaco_manifest manifest;
     struct guanaco_options options;
     bool dry_run;                  /* the loader's memory-fit pass: decide, map nothing, say nothing */
+    bool repack_allowed;           /* llama.cpp may repack (no --no-repack): see expert_repack.h */
+    struct guanaco_expert_repack *repack; /* arenas of the experts that run repacked, or NULL */
+    size_t repacked_tensors;       /* expert tensors that compute from an arena */
+    struct ggml_tensor **expert_tensors;  /* per manifest tensor: llama.cpp's tensor, or NULL when unused */
     int *moe_layer_of;             /* n_layer entries: 1 when the layer has experts */
     _Atomic uint64_t *access_count; /* n_layer * n_expert: times the router chose (layer, expert) */
     _Atomic uint64_t routed_tokens; /* tokens seen, summed over MoE layers */

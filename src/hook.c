@@ -260,6 +260,12 @@ int guanaco_hook_install(struct guanaco_engine *engine, ggml_backend_sched_eval_
     if (!engine) {
         return 0;
     }
+    if (engine->repack && atomic_load(&engine->hooks) > 0) {
+        /* an evicted arena slice reads as zeros, and the other context may be computing it (residency.h) */
+        guanaco_log_error("experts that run repacked serve one context at a time; for several contexts at once "
+                          "start with --guanaco-repack off");
+        return -EBUSY;
+    }
     struct guanaco_hook *hook = calloc(1, sizeof(*hook));
     if (!hook) {
         return -ENOMEM;

@@ -40,6 +40,8 @@ static const char *const io_choices[] = {GUANACO_IO_BACKEND_NAMES(CHOICE) NULL};
 static const char *const prefetch_choices[] = {GUANACO_PREDICTOR_KIND_NAMES(CHOICE) NULL};
 /* Index = enum guanaco_load_mode (guanaco.h). */
 static const char *const load_choices[] = {"page-cache", "direct", NULL};
+/* Index = enum guanaco_repack_mode (guanaco.h). */
+static const char *const repack_choices[] = {"off", "on", "auto", NULL};
 /* OPTION_FRACTION values are kept in millionths. */
 #define FRACTION_SCALE 1000000.0
 
@@ -50,7 +52,7 @@ static const char *const load_choices[] = {"page-cache", "direct", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_COUNT
+    OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -99,7 +101,13 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                         "the preload reads (the most-routed of each layer, not the lowest-numbered)"},
     [OPTION_REFERENCE] = {"guanaco-reference", "GUANACO_REFERENCE", OPTION_BOOL, NULL,
                           "without streaming: keep expert tensors in the file's layout (not repacked), every other "
-                          "weight as llama.cpp chooses; the configuration streaming's logits equal bit for bit"},
+                          "weight as llama.cpp chooses; what bare --guanaco-streaming (no budget) equals bit for bit"},
+    [OPTION_REPACK] = {"guanaco-repack", "GUANACO_REPACK", OPTION_CHOICE, repack_choices,
+                       "with a budget, run resident experts on llama.cpp's repacked CPU kernels (Q4_0, Q4_K, IQ4_NL, "
+                       "MXFP4 on x86), repacking each as it is read: on (the logits equal plain llama.cpp's default), "
+                       "off (they equal --guanaco-reference; needed for several contexts at once), or auto: the types "
+                       "that repack at memcpy speed, and all of them when the budget holds every expert (default: "
+                       "auto, measured; --no-repack turns it off)"},
 };
 
 /* Another name a choice is also accepted under: "uring" was io_uring's spelling on --guanaco-io until the
@@ -129,6 +137,7 @@ static int default_value(enum option_id id) {
     case OPTION_LOG: return 1;
     case OPTION_AUDIT: return 1;
     case OPTION_PRELOAD: return 1;
+    case OPTION_REPACK: return GUANACO_REPACK_AUTO;
     case OPTION_PREFETCH_THROTTLE: return 1;
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return GUANACO_IO_URING;
@@ -347,6 +356,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->prefetch_throttle = value[OPTION_PREFETCH_THROTTLE] != 0;
     out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;
     out->reference = value[OPTION_REFERENCE] != 0;
+    out->repack = (enum guanaco_repack_mode)value[OPTION_REPACK];
     out->status_every = value[OPTION_STATUS_EVERY] ? (uint32_t)number[OPTION_STATUS_EVERY] : GUANACO_DEFAULT_STATUS_EVERY;
     guanaco_log_set_enabled(out->log);
     return err;

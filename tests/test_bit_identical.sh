@@ -15,14 +15,15 @@
 #   QUANTS         space list (default: "F16 Q8_0 Q4_0 Q4_K MXFP4")
 #   LOGITS_DUMP_ARGS extra logits_dump flags for every run (default none: 2 threads, 48+8 tokens)
 #   ASSERT         comparisons that must be identical; the others are printed as INFO.
-#                  Names: on:off-ref  on-nr:off-nr  on:off  on:off-nr  (default "on:off-ref on-nr:off-nr")
+#                  Names: on:off-ref  on-nr:off-nr  engine:off  on:off  on:off-nr
+#                  (default "on:off-ref on-nr:off-nr engine:off")
 #   DUMP_TIMEOUT   seconds per logits_dump run (default 600); a hang is a FAIL
 #   CGROUP=1       also run the memory-limited check; needs EVICT_TOOL (tests/evict_file)
 #   CGROUP_MODEL_ARGS mkmodel flags for that model (default below, ~400 MB Q8_0 qwen3moe)
 #   CGROUP_RUN     path of cgroup_run.sh (default: next to this script)
 #   KEEP=1         keep models and dumps of passing cases (failing ones are always kept)
 #
-# Why five runs per model: on x86 the CPU backend "repacks" Q4_0/Q4_K/MXFP4 (and IQ4_NL) weights
+# Why six runs per model: on x86 the CPU backend "repacks" Q4_0/Q4_K/MXFP4 (and IQ4_NL) weights
 # into an interleaved layout with different kernels, hence a different float summation order.
 # Streamed experts keep the file's layout (they are read from the mapping); every other weight
 # takes llama.cpp's normal choice, repacked where it repacks. So "on" can legitimately differ from
@@ -36,6 +37,10 @@
 #   on    == off     : asserted for types x86 never repacks (NEVER_REPACKED, default "F16 Q8_0");
 #                      informational otherwise (the expert matmuls run other kernels)
 #   on    == off-nr  : informational (differs wherever a non-expert weight is repacked)
+# and the residency engine, which repacks each expert as it reads it (src/expert_repack.h):
+#   engine  GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 GUANACO_REPACK=on: at most two experts per layer
+#           stay resident, so experts are evicted and read (and repacked) again all through the run
+#   engine == off    : the invariant users compare against, plain llama.cpp's default, for every type
 #
 # Output: a matrix, one line per case "PASS|FAIL|SKIP arch quant (reason)", then the last line
 # "N passed, N failed, N skipped". Exit 1 if anything failed, 77 if everything was skipped.
@@ -57,7 +62,7 @@ if [ -z "${ARCHS:-}" ]; then
 fi
 [ "$ARCHS" = none ] && ARCHS=""  # CGROUP-only runs
 QUANTS=${QUANTS:-"F16 Q8_0 Q4_0 Q4_K MXFP4"}
-ASSERT=${ASSERT:-"on:off-ref on-nr:off-nr"}
+ASSERT=${ASSERT:-"on:off-ref on-nr:off-nr engine:off"}
 DUMP_TIMEOUT=${DUMP_TIMEOUT:-600}
 # shellcheck disable=SC2206 # word-splitting of the flag list is intended
 LD_ARGS=(${LOGITS_DUMP_ARGS:-})
@@ -111,6 +116,8 @@ run_dump() {
     local -a envs=(env -u GUANACO_STREAMING -u GUANACO_REFERENCE)
     [ "$streaming" = 1 ] && envs=(env -u GUANACO_REFERENCE GUANACO_STREAMING=1)
     [ "$streaming" = ref ] && envs=(env -u GUANACO_STREAMING GUANACO_REFERENCE=1)
+    [ "$streaming" = engine ] && envs=(env -u GUANACO_REFERENCE -u GUANACO_RAM GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2
+                                       GUANACO_REPACK=on)
     "${envs[@]}" timeout "$DUMP_TIMEOUT" "$LOGITS_DUMP" "$model" "$out" "${LD_ARGS[@]}" "$@" \
         > "$out.log" 2>&1
     local rc=$?
@@ -126,7 +133,7 @@ run_dump() {
 # compare_set PREFIX -> sets CMP_ASSERT_FAIL (text of failed assertions), CMP_NOTES
 compare_set() {
     local p=$1 pair a b notes="" fails=""
-    for pair in on:off-ref on-nr:off-nr on:off on:off-nr; do
+    for pair in on:off-ref on-nr:off-nr engine:off on:off on:off-nr; do
         a=${pair%%:*}; b=${pair#*:}
         # the cgroup check has no on-nr run; skip pairs that were not produced
         if [ ! -e "$p.$a.bin" ] || [ ! -e "$p.$b.bin" ]; then continue; fi
@@ -135,7 +142,7 @@ compare_set() {
         # A dense model is passed through untouched: on must equal plain off.
         if [ -n "${CUR_DENSE:-}" ]; then
             asserted=0
-            case "$pair" in on:off|on-nr:off-nr) asserted=1 ;; esac
+            case "$pair" in on:off|on-nr:off-nr|engine:off) asserted=1 ;; esac
         fi
         # x86 never repacks these types, so streaming must equal plain llama.cpp's default too.
         if [ "$pair" = on:off ]; then
@@ -185,6 +192,7 @@ for arch in $ARCHS; do
         [ $ok = 1 ] && { run_dump off-nr "$model" "$p.off-nr.bin" 0 --no-repack || ok=0; }
         [ $ok = 1 ] && { run_dump on     "$model" "$p.on.bin"     1              || ok=0; }
         [ $ok = 1 ] && { run_dump on-nr  "$model" "$p.on-nr.bin"  1 --no-repack || ok=0; }
+        [ $ok = 1 ] && { run_dump engine "$model" "$p.engine.bin" engine        || ok=0; }
         if [ $ok = 0 ]; then
             CELL["$arch $quant"]=FAIL
             record FAIL "$arch" "$quant" "$LAST_ERR"

@@ -19,8 +19,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # predictor must read ahead in every ubatch, so it is off except where a run turns it on.
 export GUANACO_PREFETCH_THROTTLE=off
 
-# Logits: on with a budget == off --guanaco-reference (experts in the file's layout, the rest repacked as
-# llama.cpp chooses: the same kernels as streaming).
+# Logits: on with a budget == the reference the engine names on its "N expert tensors run repacked, so results
+# equal ..." line: plain llama.cpp's default where experts run repacked (--guanaco-repack auto: MXFP4, Q4_0; on:
+# every type), else off --guanaco-reference (experts in the file's layout, the rest repacked as llama.cpp chooses).
+# Either way the same kernels as streaming, and a wrong claim fails the cmp.
 # lfm2moe and nemotron_h_moe are hybrids (short-convolution or mamba2 blocks between attention and MoE);
 # their quant types keep the expert bytes above the budgets below.
 for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm2moe Q8_0" "nemotron_h_moe F16" "afmoe Q8_0"; do
@@ -30,6 +32,8 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
     check "$arch $quant written" $? "mkmodel failed"
     env -u GUANACO_STREAMING GUANACO_REFERENCE=1 "$LOGITS_DUMP" "$m" "$W/$arch.off.bin" >"$W/$arch.off.log" 2>&1
     check "$arch $quant off" $? "$(tail -2 "$W/$arch.off.log")"
+    env -u GUANACO_STREAMING -u GUANACO_REFERENCE "$LOGITS_DUMP" "$m" "$W/$arch.default.bin" >"$W/$arch.default.log" 2>&1
+    check "$arch $quant plain default" $? "$(tail -2 "$W/$arch.default.log")"
     # The last field is the read-ahead: every predictor (gate too), and the whole next layer for the 48-token prompt
     # (--ubatch 16 makes three prompt ubatches, so the pilot also guesses for multi-token batches).
     for run in "guanaco io_uring 3M direct pilot" "lru threads 3M page-cache pilot" \
@@ -37,27 +41,38 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                "lfu threads 4M direct pilot" "guanaco threads 3M page-cache pilot" \
                "layer-lru io_uring 4M page-cache pilot --ubatch 16" "lru io_uring 3M page-cache gate" \
                "guanaco threads 2M page-cache gate --ubatch 16" \
-               "lru io_uring 3M page-cache throttled-gate --gen-tokens 40"; do
+               "lru io_uring 3M page-cache throttled-gate --gen-tokens 40" \
+               "layer-lru io_uring 3M direct pilot+repack=on" "lru threads 2M page-cache none+repack=off"; do
         set -- $run
         name="$1.$2.$5${6:+.${6#--}$7}"
         # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches (40 tokens: decode
         # starts off, tries read-ahead in its second epoch of 4 tokens and again one epoch in 8)
-        throttle=off predictor=$5
-        [ "${5#throttled-}" != "$5" ] && throttle=on predictor=${5#throttled-}
+        # X+repack=Y: --guanaco-repack Y (the default is auto)
+        throttle=off predictor=${5%%+*} repack=auto
+        [ "${5#*+repack=}" != "$5" ] && repack=${5#*+repack=}
+        [ "${predictor#throttled-}" != "$predictor" ] && throttle=on predictor=${predictor#throttled-}
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
-            GUANACO_PREFETCH=$predictor GUANACO_PREFETCH_THROTTLE=$throttle \
+            GUANACO_PREFETCH=$predictor GUANACO_PREFETCH_THROTTLE=$throttle GUANACO_REPACK=$repack \
             "$LOGITS_DUMP" "$m" "$W/$arch.$name.bin" ${6:+$6 $7} >"$W/$arch.$name.log" 2>&1
         rc=$?
-        ref="$W/$arch.off.bin"
-        if [ "${6:-}" = --gen-tokens ]; then
-            ref="$W/$arch.off.gen$7.bin"
-            [ -f "$ref" ] || env -u GUANACO_STREAMING GUANACO_REFERENCE=1 "$LOGITS_DUMP" "$m" "$ref" $6 $7 >/dev/null 2>&1
+        reference=off ref_name="off --guanaco-reference" ref_env=(GUANACO_REFERENCE=1)
+        if grep -q "so results equal plain llama.cpp's default" "$W/$arch.$name.log"; then
+            reference=default ref_name="plain default (experts repacked)" ref_env=()
         fi
-        grep -q "residency: budget" "$W/$arch.$name.log" && [ $rc -eq 0 ] && cmp -s "$ref" "$W/$arch.$name.bin"
-        check "$arch $quant: budget $3, policy $1, io $2, load $4, prefetch $5 ${6:-} ${7:-}== off --guanaco-reference" $? \
+        [ "$repack" = on ] && [ "$reference" = off ] && ref_name="plain default, as --guanaco-repack on promises"
+        [ "$repack" = off ] && [ "$reference" = default ] && ref_name="off --guanaco-reference, as --guanaco-repack off promises"
+        ref="$W/$arch.$reference.bin"
+        if [ "${6:-}" = --gen-tokens ]; then
+            ref="$W/$arch.$reference.gen$7.bin"
+            [ -f "$ref" ] || env -u GUANACO_STREAMING -u GUANACO_REFERENCE "${ref_env[@]}" "$LOGITS_DUMP" "$m" "$ref" $6 $7 \
+                >/dev/null 2>&1
+        fi
+        grep -q "residency: budget" "$W/$arch.$name.log" && [ $rc -eq 0 ] && cmp -s "$ref" "$W/$arch.$name.bin" &&
+            [ "$ref_name" = "${ref_name%promises}" ]
+        check "$arch $quant: budget $3, policy $1, io $2, load $4, prefetch $5 ${6:-} ${7:-}== $ref_name" $? \
             "rc=$rc $(grep -E 'guanaco: (error|residency)' "$W/$arch.$name.log" | head -3)"
         # page-cache loading with a predictor must really read ahead and use some of it
-        if [ "$4" = page-cache ] && [ "$5" != none ] && [ $throttle = off ]; then
+        if [ "$4" = page-cache ] && [ "$predictor" != none ] && [ $throttle = off ]; then
             grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'read-ahead [0-9.]* MiB issued, [0-9.]* used' |
                 awk '{ exit !($2 > 0 && $5 > 0) }'
             check "$arch $quant: $name read ahead and used some of it" $? \

@@ -381,17 +381,17 @@ static void test_engine_and_hook(const char *dir) {
     int argc = 2;
     guanaco_options_parse_argv(&argc, argv_off);
     CHECK(write_test_gguf(path, true) > 0);
-    CHECK(guanaco_engine_open(path, NULL, 0, false, &engine) == 0 && engine == NULL);
+    CHECK(guanaco_engine_open(path, NULL, 0, false, true, &engine) == 0 && engine == NULL);
 
     char *argv_on[] = {a0, on, NULL};
     argc = 2;
     guanaco_options_parse_argv(&argc, argv_on);
     CHECK(write_test_gguf(path, false) > 0); /* dense: passthrough, no engine */
-    CHECK(guanaco_engine_open(path, NULL, 0, false, &engine) == 0 && engine == NULL);
-    CHECK(guanaco_engine_open("/nonexistent/model.gguf", NULL, 0, false, &engine) == -ENOENT);
+    CHECK(guanaco_engine_open(path, NULL, 0, false, true, &engine) == 0 && engine == NULL);
+    CHECK(guanaco_engine_open("/nonexistent/model.gguf", NULL, 0, false, true, &engine) == -ENOENT);
 
     CHECK(write_test_gguf(path, true) > 0);
-    CHECK(guanaco_engine_open(path, NULL, 0, false, &engine) == 0 && engine != NULL);
+    CHECK(guanaco_engine_open(path, NULL, 0, false, true, &engine) == 0 && engine != NULL);
     if (!engine) {
         return;
     }
@@ -449,7 +449,7 @@ static void test_file_layout(const char *dir) {
     unsetenv("GUANACO_REFERENCE");
     guanaco_options_parse_argv(&argc, argv_on);
     struct guanaco_engine *engine = NULL;
-    CHECK(guanaco_engine_open(path, NULL, 0, false, &engine) == 0 && engine != NULL);
+    CHECK(guanaco_engine_open(path, NULL, 0, false, true, &engine) == 0 && engine != NULL);
     CHECK(guanaco_weight_keeps_file_layout(engine, "blk.1.ffn_up_exps.weight"));
     CHECK(!guanaco_weight_keeps_file_layout(engine, "blk.1.attn_q.weight"));
     CHECK(!guanaco_weight_keeps_file_layout(engine, "blk.1.ffn_up_shexp.weight"));
