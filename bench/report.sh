@@ -30,6 +30,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN="$ROOT/build/cmake/bin"
 RUNS="" OUT="" FIO_GBPS="" TOKENS="" PROMPT=0 EXPERT_BYTES="" TITLE="" MACHINE="" DISK="" MARGIN_MIB="" ROUTING=""
+REPACK=0
 COMPUTE_MS="" MODEL=""
 WARM_PCT=99    # a ram run counts as the warm reference only from this much of the model cached at its start
 FLAG_RATIO=1.10 # outside stall above this multiple of warm compute is flagged
@@ -39,6 +40,7 @@ while [ $# -gt 0 ]; do
     --runs) RUNS=$2 ;; --out) OUT=$2 ;; --fio-gbps) FIO_GBPS=$2 ;; --tokens) TOKENS=$2 ;; --prompt) PROMPT=$2 ;;
     --expert-bytes) EXPERT_BYTES=$2 ;; --title) TITLE=$2 ;; --machine) MACHINE=$2 ;; --disk) DISK=$2 ;;
     --margin-mib) MARGIN_MIB=$2 ;; --routing) ROUTING=$2 ;; --compute-ms) COMPUTE_MS=$2 ;; --model) MODEL=$2 ;;
+    --repack) REPACK=$2 ;;
     *) echo "report: unknown argument $1" >&2; exit 2 ;;
     esac
     shift 2
@@ -102,7 +104,9 @@ flags=""
     echo "- disk: $DISK; fio randread 1 MiB, io_uring, QD16, O_DIRECT on the model file: **$FIO_GBPS GB/s**"
     echo "- routing: $ROUTING"
     echo "- limit per budget: non-expert bytes + budget + ${MARGIN_MIB} MiB (cgroup v1 memory.limit_in_bytes); page cache of the model dropped before every limited run, checked cold (<= 1% cached)"
-    echo "- decode: llama-bench -n $TOKENS after its warmup token$([ "${PROMPT:-0}" -gt 0 ] && echo ", prompt: -p $PROMPT -ub 512 after its warmup prompt"); -nr (no repacking) in every run"
+    echo "- decode: llama-bench -n $TOKENS after its warmup token$([ "${PROMPT:-0}" -gt 0 ] && echo ", prompt: -p $PROMPT -ub 512 after its warmup prompt"); $(
+        [ "$REPACK" = 1 ] && echo "repacking as users run it in the ram and guanaco runs (plain llama.cpp's default; Guanaco's --guanaco-repack), -nr in the others" ||
+        echo "-nr (no repacking) in every run")"
     echo "- warm in-RAM compute per token: ${COMPUTE_MS:-unknown} ms ($COMPUTE_SOURCE)"
     echo "- reps per cell: $(awk -F, 'NR > 1 { print $3 }' "$RUNS" | sort -nu | tail -1), variants alternating within each rep; cells show the median and, with more than one rep, [min-max]"
     echo

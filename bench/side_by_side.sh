@@ -306,5 +306,5 @@ bash "$ROOT/bench/report.sh" --runs "$RUNS" --model "$MODEL" --out "$OUT" --fio-
     --machine "$MACHINE" \
     --disk "$DEVICE, readahead $READAHEAD sectors; fio sampled $FIO_BEFORE GB/s before the runs and $FIO_AFTER after, the higher is used" --margin-mib "$MARGIN_MIB" \
     --routing "${REPLAY:+replayed $(basename "$REPLAY")}${REPLAY:-llama-bench synthetic (random weights)}" \
-    ${COMPUTE_MS:+--compute-ms "$COMPUTE_MS"}
+    ${COMPUTE_MS:+--compute-ms "$COMPUTE_MS"} --repack "$REPACK"
 echo "side_by_side: report in $OUT/report.md"

@@ -52,7 +52,7 @@ enum guanaco_load_mode {
 enum guanaco_repack_mode {
     GUANACO_REPACK_OFF = 0,  /* the file's layout: logits equal --guanaco-reference */
     GUANACO_REPACK_ON = 1,   /* every type that has a repacked kernel: logits equal plain llama.cpp's default */
-    GUANACO_REPACK_AUTO = 2, /* where it pays: the types that repack at memcpy speed, all when everything fits */
+    GUANACO_REPACK_AUTO = 2, /* where it pays: when the budget holds every expert, so nothing is read after load */
 };
 
 #define GUANACO_PATH_BYTES 4096

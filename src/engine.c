@@ -63,7 +63,7 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
     uint64_t read_ns = now->read_ns - before->read_ns, stall_ns = now->stall_ns - before->stall_ns;
     uint64_t evictions = now->evictions - before->evictions, churn = now->churn_loads - before->churn_loads;
     guanaco_log_info("%s: %llu tokens, resident %.1f%% of %llu accesses, hot-pinned %.1f%%, %llu loads, "
-                     "%.2f GiB read at %.2f GB/s, stall %.1f ms/token (reads %.1f, mapping %.1f, eviction %.1f, read-ahead "
+                     "%.2f GiB read at %.2f GB/s, stall %.1f ms/token (reads %.1f, mapping %.1f of which repacking %.1f, eviction %.1f, read-ahead "
                      "wait %.1f), %llu evictions, churn %.1f%% "
                      "(reloaded within %u tokens), read-ahead %.1f MiB issued, %.1f used, %.1f wasted, recall %.1f%%, "
                      "hidden %.1f%% of reads%s",
@@ -71,7 +71,7 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      percent(now->pinned_hits - before->pinned_hits, accesses), (unsigned long long)loads, gib(bytes),
                      read_ns ? (double)demand / (double)read_ns : 0.0, per_token(stall_ns, tokens),
                      per_token(read_ns, tokens), per_token(now->populate_ns - before->populate_ns, tokens),
-                     per_token(now->evict_ns - before->evict_ns, tokens),
+                     per_token(now->transform_ns - before->transform_ns, tokens), per_token(now->evict_ns - before->evict_ns, tokens),
                      per_token(now->prefetch_wait_ns - before->prefetch_wait_ns, tokens),
                      (unsigned long long)evictions, percent(churn, evictions), GUANACO_RESIDENCY_CHURN_TOKENS,
                      (double)issued / 1048576.0, (double)used / 1048576.0, (double)wasted / 1048576.0,
@@ -540,8 +540,10 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         r->mapped = mapping_base[e->shard] + e->file_offset;
         r->file_size = m->shard_sizes[e->shard];
         struct ggml_tensor *tensor = engine->expert_tensors[i];
-        if (engine->repack && tensor &&
-            (o->repack == GUANACO_REPACK_ON || guanaco_expert_repack_pays(tensor->type, everything_fits))) {
+        /* auto: only when nothing is read after the preload. Repacking a miss costs 0.4 ms per MB in the stall
+           (measured: Q4_0 2.3 GB/s, first touch of the arena included), where the repacked kernels saved 3 ms
+           of a 72 ms token at a 25% budget (README, --guanaco-repack) */
+        if (engine->repack && tensor && (o->repack == GUANACO_REPACK_ON || everything_fits)) {
             if ((err = guanaco_expert_repack_adopt(engine->repack, engine->expert_tensors[i], &r->arena)) < 0) {
                 return err;
             }

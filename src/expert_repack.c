@@ -119,16 +119,6 @@ int guanaco_expert_repack_transform(void *context, uint32_t expert, const void *
     return 0;
 }
 
-/*
- * Measured with guanaco-repack-bench (bench/COMPUTE_PARITY.md), one thread, one expert slice: Q4_0 repacks at
- * 12.9 GB/s, IQ4_NL 11.1, MXFP4 8.8, about a memcpy, and pays back within 1-6 uses; Q4_K runs at 2.2-2.5 GB/s,
- * as slow as the disk read it follows, and needs 7-68 uses, which a decode-time miss (read, used once, evicted)
- * never sees. Q2_K (AVX-512) and the ARM-only layouts were not measured, so they wait for everything to fit too.
- */
-bool guanaco_expert_repack_pays(int type, bool everything_resident) {
-    return everything_resident || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_MXFP4;
-}
-
 void guanaco_expert_repack_destroy(struct guanaco_expert_repack *repack) {
     if (!repack) {
         return;

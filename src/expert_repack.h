@@ -52,14 +52,6 @@ int guanaco_expert_repack_adopt(struct guanaco_expert_repack *repack, struct ggm
  */
 int guanaco_expert_repack_transform(void *tensor, uint32_t expert, const void *source, void *destination);
 
-/*
- * Whether repacking a tensor of `type` pays for itself in --guanaco-repack
- * auto: always for the types whose repack runs at memcpy speed, and for the
- * others only when `everything_resident` (each expert is then read, and
- * repacked, once).
- */
-bool guanaco_expert_repack_pays(int type, bool everything_resident);
-
 /* Unmaps every arena and frees the object; NULL is accepted. The tensors must not compute again. */
 void guanaco_expert_repack_destroy(struct guanaco_expert_repack *repack);
 

@@ -105,9 +105,9 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_REPACK] = {"guanaco-repack", "GUANACO_REPACK", OPTION_CHOICE, repack_choices,
                        "with a budget, run resident experts on llama.cpp's repacked CPU kernels (Q4_0, Q4_K, IQ4_NL, "
                        "MXFP4 on x86), repacking each as it is read: on (the logits equal plain llama.cpp's default), "
-                       "off (they equal --guanaco-reference; needed for several contexts at once), or auto: the types "
-                       "that repack at memcpy speed, and all of them when the budget holds every expert (default: "
-                       "auto, measured; --no-repack turns it off)"},
+                       "off (they equal --guanaco-reference; needed for several contexts at once), or auto: on when "
+                       "the budget holds every expert, else off, as repacking each miss costs more than it saves "
+                       "(default: auto, measured; --no-repack turns it off)"},
 };
 
 /* Another name a choice is also accepted under: "uring" was io_uring's spelling on --guanaco-io until the

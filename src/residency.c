@@ -44,6 +44,9 @@
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22 /* Linux 5.14; older headers lack it */
 #endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 /* Victims taken per guanaco_policy_evict call; more continue with another call. */
 #define VICTIM_CAPACITY 256
@@ -871,6 +874,10 @@ static int transform_slice(struct guanaco_residency *r, const struct tensor *t, 
         done += (uint64_t)got;
     }
     uint64_t start = guanaco_now_ns();
+    /* One call faults the slice's fresh pages in, where the transform's stores would take one fault per page:
+       repacking 14.8 -> 11.9 ms per token for Q4_0 at a 25% budget (README, --guanaco-repack). */
+    uint64_t first = page_down(r, a - t->begin), last = page_up(r, a - t->begin + t->stride);
+    (void)madvise(t->arena + first, last - first, MADV_POPULATE_WRITE); /* best effort: without it, faults */
     int err = t->transform(t->transform_context, e, r->transform_source, t->arena + (a - t->begin));
     r->stats.transform_ns += guanaco_now_ns() - start;
     if (err) {

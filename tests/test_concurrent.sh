@@ -10,7 +10,9 @@
 #   - the concurrent logits of every run equal plain llama.cpp's (cmp), so a
 #     budget never changes them;
 #   - Guanaco's final residency line shows that evictions really happened,
-#     also in a run that does nothing but the concurrent phase.
+#     also in a run that does nothing but the concurrent phase;
+#   - experts that run repacked refuse a second context by name, and
+#     --guanaco-repack off shares a Q4_0 model as safely as the rest.
 # Env: MKMODEL, CONCURRENT_DECODE, WORKDIR, VOCAB_DIR.
 set -u
 : "${MKMODEL:?}" "${CONCURRENT_DECODE:?}" "${WORKDIR:?}"
@@ -87,6 +89,31 @@ overlap=$(grep -oE '[0-9]+ router callbacks while another context decoded' "$W/c
 [ $rc -eq 0 ] && [ "$e" -gt 0 ] && [ "${overlap:-0}" -gt 0 ] && cmp -s "$W/plain.bin" "$W/concurrent-only.bin"
 check "concurrent phase alone: $e evictions, ${overlap:-0} routings while another context decoded, logits == streaming off" $? \
     "rc=$rc evictions=$e $(grep -E '^concurrent_decode|guanaco: (error|residency)' "$W/concurrent-only.log" | head -5)"
+
+# Repacked experts (--guanaco-repack on; x86 repacks Q4_0) serve one context at a time: an evicted
+# arena slice reads as zeros, which a context computing it would use. A second context is refused with a message
+# (exit 1, never a signal or a hang); --guanaco-repack off shares the model safely again, as above.
+q="$W/qwen3moe-Q4_0.gguf"
+"$MKMODEL" --arch qwen3moe --quant Q4_0 --seed 21 --n-layer 4 --n-embd 256 --n-ff-exp 256 --n-expert 16 \
+    --n-expert-used 2 -o "$q" >"$W/mkmodel-q4.log" 2>&1
+check "Q4_0 model written" $? "$(tail -2 "$W/mkmodel-q4.log")"
+GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 GUANACO_REPACK=on timeout 300 "$CONCURRENT_DECODE" "$q" --out "$W/repacked.bin" \
+    >"$W/repacked.log" 2>&1
+rc=$?
+if grep -q '[1-9][0-9]* expert tensors run repacked' "$W/repacked.log"; then
+    [ $rc -eq 1 ] && grep -q 'serve one context at a time.*--guanaco-repack off' "$W/repacked.log"
+    check "repacked experts: a second concurrent context is refused by name (rc=$rc)" $? "$(tail -3 "$W/repacked.log")"
+else
+    echo "SKIP repacked experts: this CPU has no repacked Q4_0 kernel"
+fi
+GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 GUANACO_REPACK=off "$CONCURRENT_DECODE" "$q" --out "$W/q4-off.bin" \
+    >"$W/q4-off.log" 2>&1
+rc=$?
+e=$(evictions "$W/q4-off.log")
+[ $rc -eq 0 ] && [ "$e" -gt 0 ] && grep -q 'all logits equal the lone runs' "$W/q4-off.log" &&
+    grep -q 'so results equal --guanaco-reference' "$W/q4-off.log"
+check "Q4_0, --guanaco-repack off: 4 contexts at once equal each alone, $e evictions" $? \
+    "rc=$rc $(grep -E '^concurrent_decode|guanaco: (error|residency)' "$W/q4-off.log" | head -5)"
 
 # Optional, opt-in: helgrind over a short budgeted run, for races in libguanaco's own state. valgrind
 # cannot run the ggml-cpu this build makes (-march=native: AVX-512 raises SIGILL under valgrind), so

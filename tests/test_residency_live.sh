@@ -20,8 +20,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export GUANACO_PREFETCH_THROTTLE=off
 
 # Logits: on with a budget == the reference the engine names on its "N expert tensors run repacked, so results
-# equal ..." line: plain llama.cpp's default where experts run repacked (--guanaco-repack auto: MXFP4, Q4_0; on:
-# every type), else off --guanaco-reference (experts in the file's layout, the rest repacked as llama.cpp chooses).
+# equal ..." line: plain llama.cpp's default where experts run repacked (--guanaco-repack on; auto only when every
+# expert fits, which these budgets never allow), else off --guanaco-reference (experts in the file's layout, the rest repacked as llama.cpp chooses).
 # Either way the same kernels as streaming, and a wrong claim fails the cmp.
 # lfm2moe and nemotron_h_moe are hybrids (short-convolution or mamba2 blocks between attention and MoE);
 # their quant types keep the expert bytes above the budgets below.
