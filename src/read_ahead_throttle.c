@@ -62,8 +62,10 @@ void guanaco_read_ahead_throttle_observe(struct guanaco_read_ahead_throttle *t, 
     }
     double value = epoch_median(t);
     double *estimate = &t->estimate[t->on];
-    /* halves: the estimate follows a change in the machine within a few epochs of that side */
-    *estimate = *estimate > 0.0 ? 0.5 * *estimate + 0.5 * value : value;
+    /* halves: the estimate follows a change in the machine within a few epochs of that side; the side's
+       second epoch replaces its first, the warm-up */
+    *estimate = t->side_epochs[t->on] >= 2 ? 0.5 * *estimate + 0.5 * value : value;
+    t->side_epochs[t->on]++;
     t->in_epoch = 0;
     t->epochs++;
     if (!t->enabled) {
@@ -74,4 +76,7 @@ void guanaco_read_ahead_throttle_observe(struct guanaco_read_ahead_throttle *t, 
     bool best = measured ? guanaco_read_ahead_throttle_prefers_on(t) : t->start_on;
     bool explore = t->epochs == t->first_explore || t->epochs % t->explore_every == t->explore_every - 1;
     t->on = explore ? !best : best;
+    if (t->epochs == t->first_explore + 1 && t->side_epochs[t->start_on] == 1) {
+        t->on = t->start_on; /* its warm-up is all it has: measure it again, warm, before choosing */
+    }
 }

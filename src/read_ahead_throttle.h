@@ -15,7 +15,12 @@
  * they were measured; prompts start on, because a prompt's whole-layer
  * read-ahead is no guess and gained 24-52% (bench/PIPELINE.md). Either way
  * the side that loses gets one epoch in explore_every, which bounds what it
- * costs.
+ * costs. A side's first epoch is a warm-up: the first ubatches of a run are
+ * cold (the policy and the page cache are still filling), so the side's
+ * second epoch replaces it instead of averaging with it, and the start side
+ * runs that second epoch right after the first exploration. Averaged, a
+ * cold first decode epoch could keep read-ahead on for dozens of epochs
+ * whatever it cost (test_predictor).
  *
  * Pure like the predictors: the caller passes each ubatch's time in; no
  * clock, no I/O, no globals, no allocation. Not thread-safe.
@@ -55,6 +60,7 @@ struct guanaco_read_ahead_throttle {
     uint64_t epochs;              /* epochs finished */
     double estimate[2];           /* ns per token with read-ahead off [0] and on [1]; 0 = not measured yet */
     uint64_t ubatches[2];         /* ubatches measured off and on */
+    uint64_t side_epochs[2];      /* epochs measured off and on */
 };
 
 /* epoch_ubatches from 1 to GUANACO_THROTTLE_MAX_EPOCH, explore_every at least 2, first_explore from 1 to
