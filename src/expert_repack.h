@@ -23,7 +23,6 @@
 #ifndef GUANACO_EXPERT_REPACK_H
 #define GUANACO_EXPERT_REPACK_H
 
-#include <stdbool.h>
 #include <stdint.h>
 
 struct ggml_tensor;

@@ -1503,6 +1503,8 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
 
     /* distinct valid ids, in order of first appearance */
     uint64_t call = ++r->call;
+    /* what this call leaves in the page cache of arena tensors: the slices it repacked, read-ahead it dropped */
+    const uint64_t transformed_before = r->stats.transformed_bytes, wasted_before = r->stats.prefetch_wasted_bytes;
     size_t n_distinct = 0;
     for (size_t i = 0; i < n_ids; i++) {
         int32_t id = ids[i];
@@ -1585,7 +1587,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         int err = drop_pending(r);
         pending_error = pending_error ? pending_error : err;
     }
-    drop_arena_file_pages(r, layer);
+    if (r->stats.transformed_bytes != transformed_before || r->stats.prefetch_wasted_bytes != wasted_before) {
+        drop_arena_file_pages(r, layer); /* a call that only hit read nothing: no fadvise on that path */
+    }
     return first_error ? first_error : drop_error ? drop_error : pending_error;
 }
 
