@@ -253,9 +253,9 @@ static size_t distinct_ids(const int32_t *ids, size_t n, uint32_t *out) {
 }
 
 /*
- * With read-ahead on and page-cache loading, a call's victims keep their pages
- * until the next call has submitted its reads (residency.c). A test that
- * expects that snapshots the resident set before the call (note_resident);
+ * With page-cache loading, a call's victims keep their pages until the next
+ * call has submitted its reads, except the last MoE layer's (residency.c).
+ * prepare() snapshots the resident set before such a call (note_resident);
  * verify then lets exactly the pages of that call's victims be cached, and
  * counts how many were, so that the deferral is seen to happen. Victims of any
  * earlier call must be gone.
@@ -271,6 +271,25 @@ static void note_resident(const struct model *m, struct guanaco_residency *r) {
         }
     }
     victims_deferred = true;
+}
+
+/* guanaco_residency_prepare_layer, with the snapshot verify needs when the call's victims may wait. A dense
+   layer's call is a no-op that leaves the last MoE call's victims waiting. */
+static int prepare(const struct model *m, struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n,
+                   uint64_t token) {
+    uint32_t last_moe = 0;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        last_moe = is_moe(m, l) ? l : last_moe;
+    }
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    if (layer < m->n_layer && is_moe(m, layer)) {
+        victims_deferred = false;
+        if (st.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && layer != last_moe) {
+            note_resident(m, r);
+        }
+    }
+    return guanaco_residency_prepare_layer(r, layer, ids, n, token);
 }
 
 /*
@@ -314,7 +333,6 @@ static void verify(const struct model *m, struct guanaco_residency *r, uint32_t 
             }
         }
     }
-    victims_deferred = false;
     for (uint32_t l = 0; l < m->n_layer; l++) {
         for (uint32_t x = 0; x < N_EXPERT && is_moe(m, l); x++) {
             if (!guanaco_residency_is_resident(r, l, x)) {
@@ -465,7 +483,7 @@ static void run_stream(const struct model *m, enum guanaco_io_backend io, enum g
     for (uint32_t token = 0; token < tokens; token++) {
         for (uint32_t l = 0; l < m->n_layer; l++) {
             size_t n = draw_ids(ids, batch, k, skewed);
-            ret = guanaco_residency_prepare_layer(r, l, ids, n, token);
+            ret = prepare(m, r, l, ids, n, token);
             failures += ret != 0;
             if (is_moe(m, l)) {
                 memcpy(last_ids, ids, n * sizeof(*ids));
@@ -520,10 +538,6 @@ static void run_prefetch_stream(const struct model *m, enum guanaco_io_backend i
     size_t n_ids[N_LAYER];
     int failures = 0;
     deferred_pages_cached = 0;
-    uint32_t last_moe = 0;
-    for (uint32_t l = 0; l < m->n_layer; l++) {
-        last_moe = is_moe(m, l) ? l : last_moe;
-    }
     for (uint32_t token = 0; token < tokens; token++) {
         for (uint32_t l = 0; l < m->n_layer; l++) {
             n_ids[l] = is_moe(m, l) ? draw_ids(ids[l], batch, k, true) : 0;
@@ -532,11 +546,7 @@ static void run_prefetch_stream(const struct model *m, enum guanaco_io_backend i
             if (!is_moe(m, l)) {
                 continue;
             }
-            /* the last MoE layer's victims go at once: between tokens only the budget is cached */
-            if (l != last_moe) {
-                note_resident(m, r);
-            }
-            failures += guanaco_residency_prepare_layer(r, l, ids[l], n_ids[l], token) != 0;
+            failures += prepare(m, r, l, ids[l], n_ids[l], token) != 0;
             verify(m, r, l, ids[l], n_ids[l], budget, 0, -1);
             uint32_t next = l + 1;
             while (next < m->n_layer && !is_moe(m, next)) {
@@ -611,7 +621,7 @@ static void test_cancel_in_flight(const struct model *m, enum guanaco_io_backend
     for (uint32_t round = 0; round < 40 && (size_t)check_failed == before; round++) {
         uint32_t layer = round % N_LAYER == DENSE_LAYER ? 0 : round % N_LAYER;
         failures += guanaco_residency_prefetch(r, layer, every, N_EXPERT, N_EXPERT, DENSE_LAYER, round) != 0;
-        failures += guanaco_residency_prepare_layer(r, layer, NULL, 0, round) != 0;
+        failures += prepare(m, r, layer, NULL, 0, round) != 0;
         verify(m, r, layer, NULL, 0, all, 0, -1);
     }
     CHECK(failures == 0);
@@ -659,7 +669,7 @@ static void test_warm_start(const struct model *m, enum guanaco_io_backend io) {
         for (uint32_t e = 0; e < N_EXPERT && is_moe(m, l); e++) {
             CHECK(guanaco_residency_is_resident(r, l, e) == (e >= 2 && e <= 6));
         }
-        CHECK(guanaco_residency_prepare_layer(r, l, ids, 5, 1) == 0);
+        CHECK(prepare(m, r, l, ids, 5, 1) == 0);
         verify(m, r, l, ids, 5, all / 2, 0, -1);
     }
     struct guanaco_residency_stats st;
@@ -795,7 +805,7 @@ static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
             for (size_t i = 0; i < 8; i++) {
                 ids[i] = (int32_t)(next_random() % (i < 4 ? 6 : N_EXPERT)); /* a hot set and the rest */
             }
-            failures += guanaco_residency_prepare_layer(r, l, ids, 8, token) != 0;
+            failures += prepare(m, r, l, ids, 8, token) != 0;
             verify_arenas(&a, r, l, ids, 8);
             uint32_t following = l + 1 == DENSE_LAYER ? l + 2 : l + 1;
             for (size_t i = 0; i < 4 && following < m->n_layer; i++) {
@@ -832,7 +842,7 @@ static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
         int32_t ids[3] = {0, 1, 2};
         for (uint32_t l = 0; l < m->n_layer; l++) {
             if (is_moe(m, l)) {
-                CHECK(guanaco_residency_prepare_layer(r, l, ids, 3, 1) == 0);
+                CHECK(prepare(m, r, l, ids, 3, 1) == 0);
                 verify_arenas(&a, r, l, ids, 3);
             }
         }
@@ -869,7 +879,7 @@ static void test_faults(const struct model *m, enum guanaco_io_backend io) {
         int32_t ids[] = {1, 5, 5, 9};
         guanaco_residency_inject_io_fault(r, EXPERT_BYTES + stride_of_tensor[0] + 12345, cases[c].error);
         fprintf(stderr, "(an injected read fault follows; an error line is expected when it is not retried)\n");
-        int ret = guanaco_residency_prepare_layer(r, layer, ids, 4, token++);
+        int ret = prepare(m, r, layer, ids, 4, token++);
         CHECK(ret == cases[c].expected);
         verify(m, r, layer, ids, 4, budget, 0, cases[c].expected ? 5 : -1);
         CHECK(guanaco_residency_is_resident(r, layer, 1));
@@ -877,7 +887,7 @@ static void test_faults(const struct model *m, enum guanaco_io_backend io) {
         CHECK(guanaco_residency_is_resident(r, layer, 5) == (cases[c].expected == 0));
         /* a later call loads it, correctly */
         int32_t again[] = {5};
-        CHECK(guanaco_residency_prepare_layer(r, layer, again, 1, token++) == 0);
+        CHECK(prepare(m, r, layer, again, 1, token++) == 0);
         verify(m, r, layer, again, 1, budget, 0, -1);
     }
     struct guanaco_residency_stats st;
@@ -907,14 +917,14 @@ static void test_policy_refusal(const struct model *m, enum guanaco_io_backend i
         return;
     }
     int32_t before[] = {2, 3};
-    CHECK(guanaco_residency_prepare_layer(r, 1, before, 2, 0) == 0);
+    CHECK(prepare(m, r, 1, before, 2, 0) == 0);
     verify(m, r, 1, before, 2, budget, 0, -1);
     uint32_t guess[] = {6, 7};
     CHECK(guanaco_residency_prefetch(r, 1, guess, 2, 2, 0, 0) == 0);
     int32_t ids[] = {3, 4, 5, 6, 4};
     guanaco_residency_inject_policy_fault(r, -EINVAL);
     fprintf(stderr, "(a 'policy refused' error follows)\n");
-    CHECK(guanaco_residency_prepare_layer(r, 1, ids, 5, 1) == -EINVAL);
+    CHECK(prepare(m, r, 1, ids, 5, 1) == -EINVAL);
     CHECK(guanaco_residency_is_resident(r, 1, 2) && guanaco_residency_is_resident(r, 1, 3));
     for (uint32_t e = 4; e <= 7; e++) {
         CHECK(!guanaco_residency_is_resident(r, 1, e));
@@ -927,7 +937,7 @@ static void test_policy_refusal(const struct model *m, enum guanaco_io_backend i
     CHECK(st.accesses == st.hits + st.expert_loads + st.load_failures);
     CHECK(st.load_failures == 3 && st.expert_loads == 2);
     /* nothing is left armed: the same call now succeeds and loads them */
-    CHECK(guanaco_residency_prepare_layer(r, 1, ids, 5, 2) == 0);
+    CHECK(prepare(m, r, 1, ids, 5, 2) == 0);
     verify(m, r, 1, ids, 5, budget, 0, -1);
     guanaco_residency_get_stats(r, &st);
     CHECK(st.resident_bytes == 5 * EXPERT_BYTES && st.expert_loads == 5);
@@ -947,7 +957,7 @@ static void test_file_changes(enum guanaco_io_backend io) {
         struct guanaco_residency *r = NULL;
         CHECK(guanaco_residency_create(&config, &r) == 0);
         int32_t ids[] = {0, 7, 15};
-        CHECK(guanaco_residency_prepare_layer(r, 0, ids, 3, 0) == 0);
+        CHECK(prepare(&m, r, 0, ids, 3, 0) == 0);
         verify(&m, r, 0, ids, 3, EXPERT_BYTES * 8, 0, -1);
         int wfd = open(m.path, O_WRONLY);
         CHECK(wfd >= 0);
@@ -960,9 +970,9 @@ static void test_file_changes(enum guanaco_io_backend io) {
         close(wfd);
         fprintf(stderr, "(a 'changed on disk' error follows)\n");
         /* never touch the mapping from here on: pages past the new end would SIGBUS */
-        int ret = guanaco_residency_prepare_layer(r, 2, ids, 3, 1);
+        int ret = prepare(&m, r, 2, ids, 3, 1);
         CHECK(ret == -ESTALE || ret == -ENODATA);
-        CHECK(guanaco_residency_prepare_layer(r, 1, ids, 3, 2) == -ESTALE); /* and stays so, quietly */
+        CHECK(prepare(&m, r, 1, ids, 3, 2) == -ESTALE); /* and stays so, quietly */
         guanaco_residency_destroy(r);
         free_model(&m);
     }
@@ -1007,16 +1017,16 @@ static void test_bad_input(const struct model *m) {
     config = config_of(m, EXPERT_BYTES * 4, 0, GUANACO_POLICY_LRU, GUANACO_IO_THREADS);
     CHECK(guanaco_residency_create(&config, &r) == 0);
     int32_t ids[] = {3, -1, 16, 3, 1000};
-    CHECK(guanaco_residency_prepare_layer(r, N_LAYER, ids, 1, 0) == -EINVAL);
-    CHECK(guanaco_residency_prepare_layer(r, DENSE_LAYER, ids, 5, 0) == 0); /* dense: nothing to do */
+    CHECK(prepare(m, r, N_LAYER, ids, 1, 0) == -EINVAL);
+    CHECK(prepare(m, r, DENSE_LAYER, ids, 5, 0) == 0); /* dense: nothing to do */
     drop_whole_file(m);
-    CHECK(guanaco_residency_prepare_layer(r, 0, ids, 5, 0) == 0);
+    CHECK(prepare(m, r, 0, ids, 5, 0) == 0);
     verify(m, r, 0, ids, 5, EXPERT_BYTES * 4, 0, -1);
     struct guanaco_residency_stats st;
     guanaco_residency_get_stats(r, &st);
     CHECK(st.invalid_ids == 3);
     CHECK(st.accesses == 1 && st.expert_loads == 1);
-    CHECK(guanaco_residency_prepare_layer(r, 0, NULL, 0, 1) == 0); /* no ids: nothing needed */
+    CHECK(prepare(m, r, 0, NULL, 0, 1) == 0); /* no ids: nothing needed */
     guanaco_residency_destroy(r);
     guanaco_residency_destroy(NULL);
 }
@@ -1064,6 +1074,12 @@ static void test_threads(const struct model *m, enum guanaco_io_backend io) {
         pthread_join(threads[i], NULL);
     }
     CHECK(jobs[0].failures == 0 && jobs[1].failures == 0);
+    /* the last calls' victims wait for a next call: the last MoE layer's, as at the end of a token, drops them */
+    uint32_t last_moe = 0;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        last_moe = is_moe(m, l) ? l : last_moe;
+    }
+    CHECK(prepare(m, r, last_moe, NULL, 0, 30) == 0);
     verify(m, r, UINT32_MAX, NULL, 0, budget + 4 * EXPERT_BYTES, 0, -1);
     guanaco_residency_destroy(r);
 }
