@@ -1577,9 +1577,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
 
     /* The next call drops these while its reads run: dropping took 20-30 ms of a 100-150 ms decode stall when it
        came after the reads (24-layer Qwen3 Q8_0, 25%). Only page-cache pages wait: the kernel can reclaim them
-       under a memory limit, where anonymous DIRECT copies would count to the end. The last expert layer's go at
-       once, so that between tokens nothing but the budget is resident. */
-    bool later = r->load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && layer != r->last_expert_layer;
+       under a memory limit, where anonymous memory (DIRECT copies, arenas) would count to the end. The last
+       expert layer's go at once, so that between tokens nothing but the budget is resident. */
+    bool later = r->load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && !r->transform_source && layer != r->last_expert_layer;
     int drop_error = evict_by_policy(r, layer, token, later ? &r->pending_drops : NULL);
     if (!later) {
         int err = drop_pending(r);
