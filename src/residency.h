@@ -175,9 +175,11 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
 /*
  * Makes every expert in ids (n_ids entries, any order, repeats allowed) of
  * `layer` resident, then evicts by policy, protecting `layer`. `token` is the
- * policy's clock. A dense layer is a no-op. Returns 0, -EINVAL (layer out of
- * range), -ESTALE (a shard changed on disk), or the first read/populate/drop
- * error; every failure prints a message.
+ * policy's clock. With page-cache loading and no arenas, the victims' pages
+ * leave the page cache during the next call's reads (at once after the last
+ * MoE layer); the audit drops them first. A dense layer is a no-op. Returns
+ * 0, -EINVAL (layer out of range), -ESTALE (a shard changed on disk), or the
+ * first read/populate/drop error; every failure prints a message.
  */
 int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
                                     uint64_t token);
