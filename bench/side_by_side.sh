@@ -171,7 +171,11 @@ FIO_GBPS=$FIO_BEFORE
 MACHINE="$(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), \
 $(awk '/MemTotal/ { printf "%.1f GiB RAM", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
 DEVICE=$(df --output=source "$MODEL" | tail -1)
-READAHEAD=$(blockdev --getra "$DEVICE" 2>/dev/null || echo "?")
+# The device's read-ahead decides how plain llama.cpp's page faults stream the file (8 MiB reads it in 2 MiB
+# page-cache folios); sysfs, as opening the device itself may be refused. A partition reads its disk's.
+DEVNUM=$(stat -c '%Hd:%Ld' "$MODEL")
+READAHEAD=$(cat "/sys/dev/block/$DEVNUM/queue/read_ahead_kb" 2>/dev/null ||
+    cat "/sys/dev/block/$DEVNUM/../queue/read_ahead_kb" 2>/dev/null || echo "?")
 
 model_cached() { fincore --bytes --noheadings --output RES "$MODEL" | tr -d ' '; }
 
@@ -304,7 +308,7 @@ echo "side_by_side: fio $FIO_BEFORE GB/s before the runs, $FIO_AFTER after: the 
 bash "$ROOT/bench/report.sh" --runs "$RUNS" --model "$MODEL" --out "$OUT" --fio-gbps "$FIO_GBPS" --tokens "$TOKENS" \
     --prompt "$PROMPT" --expert-bytes "$EXPERT_BYTES" --title "${TITLE:-$(basename "$MODEL")}" \
     --machine "$MACHINE" \
-    --disk "$DEVICE, readahead $READAHEAD sectors; fio sampled $FIO_BEFORE GB/s before the runs and $FIO_AFTER after, the higher is used" --margin-mib "$MARGIN_MIB" \
+    --disk "$DEVICE, read-ahead $READAHEAD KiB; fio sampled $FIO_BEFORE GB/s before the runs and $FIO_AFTER after, the higher is used" --margin-mib "$MARGIN_MIB" \
     --routing "${REPLAY:+replayed $(basename "$REPLAY")}${REPLAY:-llama-bench synthetic (random weights)}" \
     ${COMPUTE_MS:+--compute-ms "$COMPUTE_MS"} --repack "$REPACK"
 echo "side_by_side: report in $OUT/report.md"
