@@ -127,7 +127,7 @@ if command -v fincore >/dev/null; then
     rounding=$((8 * 1024 * 1024)) # 2 edge pages per resident slice and per tensor: < 2 MiB here
     for load in page-cache direct; do
         [ -n "${EVICT_TOOL:-}" ] && "$EVICT_TOOL" "$m" >/dev/null
-        GUANACO_STREAMING=1 GUANACO_RAM=$budget GUANACO_LOAD=$load GUANACO_STATUS_EVERY=1 \
+        GUANACO_STREAMING=1 GUANACO_RAM=$budget GUANACO_LOAD=$load GUANACO_STATUS_EVERY=1 GUANACO_AUDIT=1 \
             "$LOGITS_DUMP" "$m" "$W/mid.$load.bin" --gen-tokens 24 >"$W/mid.$load.log" 2>&1 &
         pid=$!
         peak=0
