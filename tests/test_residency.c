@@ -273,19 +273,24 @@ static void note_resident(const struct model *m, struct guanaco_residency *r) {
     victims_deferred = true;
 }
 
+/* The last MoE layer: its call's victims go at once, as at the end of a token. */
+static uint32_t last_moe_layer(const struct model *m) {
+    uint32_t last = 0;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        last = is_moe(m, l) ? l : last;
+    }
+    return last;
+}
+
 /* guanaco_residency_prepare_layer, with the snapshot verify needs when the call's victims may wait. A dense
    layer's call is a no-op that leaves the last MoE call's victims waiting. */
 static int prepare(const struct model *m, struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n,
                    uint64_t token) {
-    uint32_t last_moe = 0;
-    for (uint32_t l = 0; l < m->n_layer; l++) {
-        last_moe = is_moe(m, l) ? l : last_moe;
-    }
     struct guanaco_residency_stats st;
     guanaco_residency_get_stats(r, &st);
     if (layer < m->n_layer && is_moe(m, layer)) {
         victims_deferred = false;
-        if (st.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && layer != last_moe) {
+        if (st.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && layer != last_moe_layer(m)) {
             note_resident(m, r);
         }
     }
@@ -1076,11 +1081,7 @@ static void test_threads(const struct model *m, enum guanaco_io_backend io) {
     }
     CHECK(jobs[0].failures == 0 && jobs[1].failures == 0);
     /* the last calls' victims wait for a next call: the last MoE layer's, as at the end of a token, drops them */
-    uint32_t last_moe = 0;
-    for (uint32_t l = 0; l < m->n_layer; l++) {
-        last_moe = is_moe(m, l) ? l : last_moe;
-    }
-    CHECK(prepare(m, r, last_moe, NULL, 0, 30) == 0);
+    CHECK(prepare(m, r, last_moe_layer(m), NULL, 0, 30) == 0);
     verify(m, r, UINT32_MAX, NULL, 0, budget + 4 * EXPERT_BYTES, 0, -1);
     guanaco_residency_destroy(r);
 }
