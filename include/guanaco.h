@@ -74,6 +74,7 @@ struct guanaco_options {
     uint32_t status_every; /* --guanaco-status-every: tokens between status lines */
     bool audit;            /* --guanaco-audit: mincore check on each status line */
     bool preload;          /* --guanaco-preload: fill the budget at load */
+    bool stream_prompts;   /* --guanaco-stream-prompts: prompts use their reads once, in huge folios */
     int prefetch;          /* --guanaco-prefetch: an enum guanaco_predictor_kind; none = no read-ahead */
     bool prefetch_throttle; /* --guanaco-prefetch-throttle: read ahead only where measured faster */
     double pilot_mass;     /* --guanaco-pilot-mass; 0 = the predictor's default */

@@ -25,6 +25,10 @@
 #include "io.h"
 #include "log.h"
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14; older headers lack it */
+#endif
+
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -33,6 +37,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -51,6 +56,7 @@ struct chunk {
     uint64_t offset;       /* file offset of the chunk's first byte */
     uint64_t job_position; /* the same byte numbered across the job, for fault injection */
     char *destination;
+    const char *populate; /* with destination NULL: MADV_POPULATE_READ here instead of a WILLNEED */
     uint64_t length;
     uint64_t done;
     unsigned retries;
@@ -116,7 +122,10 @@ void guanaco_io_inject_fault(struct guanaco_io *io, uint64_t after_bytes, int er
 
 /* ---- the job cursor and queues, shared by both backends (io->lock held) ---- */
 
-static unsigned chunk_limit(const struct guanaco_io *io, bool direct, bool advise) {
+static unsigned chunk_limit(const struct guanaco_io *io, bool direct, bool advise, bool populate) {
+    if (populate) {
+        return GUANACO_IO_POPULATE_BYTES;
+    }
     if (advise) {
         /* the kernel reads at most max(read_ahead_kb, max_sectors_kb) per WILLNEED: stay under both defaults */
         return io->max_chunk_bytes < GUANACO_IO_ADVISE_BYTES ? io->max_chunk_bytes : GUANACO_IO_ADVISE_BYTES;
@@ -238,7 +247,7 @@ static bool job_next_chunk(const struct guanaco_io *io, struct guanaco_io_job *j
     }
     struct guanaco_io_request *r = &job->requests[job->next_request];
     uint64_t remaining = r->length - job->next_offset;
-    uint64_t limit = chunk_limit(io, job->checked_direct, r->destination == NULL);
+    uint64_t limit = chunk_limit(io, job->checked_direct, r->destination == NULL, r->populate != NULL);
     *c = (struct chunk){
         .job = job,
         .urgent = job->urgent,
@@ -248,6 +257,7 @@ static bool job_next_chunk(const struct guanaco_io *io, struct guanaco_io_job *j
         .offset = r->offset + job->next_offset,
         .job_position = job->request_base + job->next_offset,
         .destination = r->destination ? (char *)r->destination + job->next_offset : NULL,
+        .populate = !r->destination && r->populate ? r->populate + job->next_offset : NULL,
         .length = remaining < limit ? remaining : limit,
     };
     job->next_offset += c->length;
@@ -331,6 +341,10 @@ static int64_t apply_fault(struct guanaco_io *io, const struct chunk *c, int64_t
  * complete, or the -errno it failed with.
  */
 static int chunk_advance(struct guanaco_io *io, struct chunk *c, int64_t result) {
+    if (c->populate && (result == -EINVAL || result == -EOPNOTSUPP)) {
+        c->populate = NULL; /* a kernel before 5.14 (or a ring without IORING_OP_MADVISE): WILLNEED instead */
+        return 1;
+    }
     if (!c->destination && result == 0) {
         result = (int64_t)(c->length - c->done); /* a WILLNEED that was accepted covers its whole range */
     }
@@ -390,7 +404,10 @@ static void uring_prepare(struct guanaco_io *io, unsigned slot) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
     /* Never NULL: at most queue_depth reads and the wake-up read are in the ring, which has that many entries. */
     const struct chunk *c = &io->slots[slot];
-    if (!c->destination) {
+    if (c->populate) {
+        io_uring_prep_madvise(sqe, (void *)(uintptr_t)(c->populate + c->done), (off_t)(c->length - c->done),
+                              MADV_POPULATE_READ);
+    } else if (!c->destination) {
         io_uring_prep_fadvise(sqe, c->fd, c->offset + c->done, (off_t)(c->length - c->done), POSIX_FADV_WILLNEED);
     } else {
         io_uring_prep_read(sqe, c->fd, c->destination + c->done, (unsigned)(c->length - c->done), c->offset + c->done);
@@ -557,7 +574,10 @@ static void uring_wake(struct guanaco_io *io) {
 static int read_chunk(struct guanaco_io *io, struct chunk *c) {
     for (;;) {
         int64_t got;
-        if (!c->destination) {
+        if (c->populate) {
+            int err = madvise((void *)(uintptr_t)(c->populate + c->done), c->length - c->done, MADV_POPULATE_READ);
+            got = err ? -(int64_t)errno : (int64_t)(c->length - c->done);
+        } else if (!c->destination) {
             int err = posix_fadvise(c->fd, (off_t)(c->offset + c->done), (off_t)(c->length - c->done),
                                     POSIX_FADV_WILLNEED);
             got = err ? -(int64_t)err : (int64_t)(c->length - c->done);

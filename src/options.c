@@ -52,7 +52,7 @@ static const char *const repack_choices[] = {"off", "on", "auto", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_COUNT
+    OPTION_STREAM_PROMPTS, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -86,6 +86,9 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_PRELOAD] = {"guanaco-preload", "GUANACO_PRELOAD", OPTION_BOOL, NULL,
                         "fill the budget at load with large sequential reads, as plain llama.cpp prefetches the "
                         "file (default: on)"},
+    [OPTION_STREAM_PROMPTS] = {"guanaco-stream-prompts", "GUANACO_STREAM_PROMPTS", OPTION_BOOL, NULL,
+                               "a prompt's ubatch streams each layer: what it reads is used once and dropped, "
+                               "read ahead in 2 MiB folios, and the resident experts stay (default: off)"},
     [OPTION_PREFETCH] = {"guanaco-prefetch", "GUANACO_PREFETCH", OPTION_CHOICE, prefetch_choices,
                          "read the next layer's experts while the current one computes, as predicted by: pilot "
                          "(cross-layer statistics), gate (the next layer's router on this layer's input; pilot "
@@ -352,6 +355,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->load = (enum guanaco_load_mode)value[OPTION_LOAD];
     out->audit = value[OPTION_AUDIT] != 0;
     out->preload = value[OPTION_PRELOAD] != 0;
+    out->stream_prompts = value[OPTION_STREAM_PROMPTS] != 0;
     out->prefetch = value[OPTION_PREFETCH];
     out->prefetch_throttle = value[OPTION_PREFETCH_THROTTLE] != 0;
     out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;

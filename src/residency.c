@@ -58,6 +58,11 @@
 #define EDGE_SLOT_PAGES 2
 /* Most bytes one read-ahead run spans in one tensor (it is cut into GUANACO_IO_ADVISE_BYTES requests). */
 #define PREFETCH_SPAN_BYTES (8u << 20)
+/* The same for a streamed layer's read-ahead: its runs are cut into 2 MiB-aligned pieces for the huge
+   mapping, and only the pieces at a run's two ends go the 4 KiB way. */
+#define STREAM_SPAN_BYTES (32u << 20)
+/* The folio the huge mapping reads in: the PMD size of x86-64 and arm64 with 4 KiB pages. */
+#define HUGE_FOLIO_BYTES (2u << 20)
 /* VMAs left to the rest of the process when LOAD_DIRECT sizes its worst case against vm.max_map_count. */
 #define VMA_RESERVE 8192
 
@@ -81,6 +86,7 @@ struct layer {
 
 struct shard {
     int fd;
+    const char *huge; /* stream_prompts: the whole file again, MAP_SHARED, MADV_HUGEPAGE; NULL otherwise */
     off_t size;
     struct timespec mtime;
     char name[256];
@@ -161,6 +167,12 @@ struct guanaco_residency {
     uint32_t predictions;
     bool told_prompt_room;
 
+    /* stream_prompts (config): prompt-sized calls use their reads once and drop them */
+    bool stream;
+    bool stream_huge;     /* some shard has its huge mapping: streamed runs span STREAM_SPAN_BYTES */
+    bool *stream_ahead;   /* n_layer: read ahead as a streamed layer, so its call streams (huge folios) */
+    bool *stream_pending; /* n_layer: a streamed call's pages, dropped with the next call's reads */
+
     struct victim_list pending_drops; /* the last call's victims, dropped once the next call's reads run */
     uint32_t last_expert_layer;       /* its victims are dropped at once: nothing stays over budget between tokens */
 
@@ -209,6 +221,8 @@ static bool holds(const struct guanaco_residency *r, uint32_t layer, uint32_t e)
 }
 
 static int prefetch_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
+static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
+static uint32_t stream_run_experts(const struct guanaco_residency *r, uint32_t layer);
 static int drop_pending(struct guanaco_residency *r);
 
 /* ---- create / destroy ---- */
@@ -337,6 +351,13 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     }
     free(r->runs);
     free(r->run_of_slot);
+    free(r->stream_ahead);
+    free(r->stream_pending);
+    for (uint32_t i = 0; r->shards && i < r->n_shards; i++) {
+        if (r->shards[i].huge) {
+            munmap((void *)(uintptr_t)r->shards[i].huge, (size_t)r->shards[i].size);
+        }
+    }
     free(r->prediction_stamp);
     free(r->layer_prediction);
     guanaco_io_destroy(r->io);
@@ -563,6 +584,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     }
     err = err ? err : create_policy(r, config);
     err = err ? err : prefetch_create(r, config);
+    err = err ? err : stream_create(r, config);
     err = err ? err : create_reader(r, config);
     if (err) {
         guanaco_residency_destroy(r);
@@ -598,6 +620,15 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
             uint64_t span = r->tensors[layer->first_tensor + k].stride * run_experts;
             requests += (size_t)((span + GUANACO_IO_ADVISE_BYTES - 1) / GUANACO_IO_ADVISE_BYTES);
         }
+        if (config->stream_prompts) {
+            /* a streamed run: two ends of under a huge folio each in advise pieces, the middle in populate ones */
+            size_t streamed = 0;
+            for (uint32_t k = 0; k < layer->n_tensors; k++) {
+                uint64_t span = r->tensors[layer->first_tensor + k].stride * stream_run_experts(r, l);
+                streamed += 2 * (HUGE_FOLIO_BYTES / GUANACO_IO_ADVISE_BYTES + 1) + span / GUANACO_IO_POPULATE_BYTES + 1;
+            }
+            requests = streamed > requests ? streamed : requests;
+        }
         r->max_run_requests = requests > r->max_run_requests ? requests : r->max_run_requests;
     }
     /* one layer ahead for every expert, twice over: two contexts may read ahead different layers */
@@ -615,6 +646,39 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
         }
     }
     r->prefetch_allowance = config->prefetch_bytes;
+    return 0;
+}
+
+/*
+ * Streaming needs the page-cache path without arenas: an arena would hold a
+ * copy that the next call throws away. The huge mapping is only address
+ * space; without it (no THP, or mmap refused) streaming still works, in
+ * 4 KiB folios.
+ */
+static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
+    if (!config->stream_prompts || r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE || r->transform_source) {
+        return 0;
+    }
+    r->stream_ahead = calloc(r->n_layer, sizeof(*r->stream_ahead));
+    r->stream_pending = calloc(r->n_layer, sizeof(*r->stream_pending));
+    if (!r->stream_ahead || !r->stream_pending) {
+        return -ENOMEM;
+    }
+    r->stream = true;
+    for (uint32_t i = 0; i < r->n_shards && r->prefetch_allowance; i++) {
+        void *huge = mmap(NULL, (size_t)r->shards[i].size, PROT_READ, MAP_SHARED, r->shards[i].fd, 0);
+        if (huge == MAP_FAILED) {
+            continue;
+        }
+        /* RANDOM too: a fault reads its own folio and nothing after it */
+        if (madvise(huge, (size_t)r->shards[i].size, MADV_HUGEPAGE) != 0 ||
+            madvise(huge, (size_t)r->shards[i].size, MADV_RANDOM) != 0) {
+            munmap(huge, (size_t)r->shards[i].size);
+            continue;
+        }
+        r->shards[i].huge = huge;
+        r->stream_huge = true;
+    }
     return 0;
 }
 
@@ -676,6 +740,14 @@ static int drop_range(struct guanaco_residency *r, const struct tensor *t, uint6
         int err = -errno;
         guanaco_log_error("residency: madvise(MADV_DONTNEED) on %s bytes %llu..%llu: %s", r->shards[t->shard].name,
                           (unsigned long long)start, (unsigned long long)end, strerror(-err));
+        return err;
+    }
+    const char *huge = r->shards[t->shard].huge;
+    if (huge && madvise((void *)(uintptr_t)(huge + start), end - start, MADV_DONTNEED) != 0) {
+        int err = -errno;
+        guanaco_log_error("residency: madvise(MADV_DONTNEED) on the huge mapping of %s bytes %llu..%llu: %s",
+                          r->shards[t->shard].name, (unsigned long long)start, (unsigned long long)end,
+                          strerror(-err));
         return err;
     }
     int ret = posix_fadvise(t->fd, (off_t)start, (off_t)(end - start), POSIX_FADV_DONTNEED);
@@ -777,42 +849,54 @@ static int drop_expert(struct guanaco_residency *r, uint32_t layer, uint32_t e) 
 }
 
 /*
+ * Drops the pages of `layer`'s expert tensors that no held expert needs, one
+ * range per run of experts not held: a folio larger than a page (the huge
+ * mapping's) is dropped only when a range covers it whole.
+ */
+static int drop_free_runs(struct guanaco_residency *r, uint32_t layer) {
+    int first_error = 0;
+    const struct layer *l = &r->layers[layer];
+    for (uint32_t i = 0; i < l->n_tensors; i++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + i];
+        for (uint32_t e = 0; e < r->n_expert;) {
+            if (holds(r, layer, e)) {
+                e++;
+                continue;
+            }
+            uint32_t run_end = e;
+            while (run_end < r->n_expert && !holds(r, layer, run_end)) {
+                run_end++;
+            }
+            uint64_t a = t->begin + (uint64_t)e * t->stride, b = t->begin + (uint64_t)run_end * t->stride;
+            uint64_t start = page_up(r, a), end = page_down(r, b);
+            if (a % r->page && page_droppable(r, layer, t, page_down(r, a))) {
+                start = page_down(r, a);
+            }
+            if (b % r->page && page_droppable(r, layer, t, page_down(r, b))) {
+                end = page_down(r, b) + r->page;
+            }
+            if (start < end) {
+                int err = drop_range(r, t, start, end);
+                first_error = first_error ? first_error : err;
+            }
+            e = run_end;
+        }
+    }
+    return first_error;
+}
+
+/*
  * Drops every cached page of the expert tensors that no resident expert
- * needs, one range per run of non-resident experts. Pages get cached
- * without us: readahead around faults on the weights next to an expert
- * tensor, or anything that read the file before the engine started. Only
- * the page cache and the page tables are touched, never a DIRECT copy.
+ * needs. Pages get cached without us: readahead around faults on the weights
+ * next to an expert tensor, or anything that read the file before the engine
+ * started. Only the page cache and the page tables are touched, never a
+ * DIRECT copy.
  */
 static int drop_unaccounted_locked(struct guanaco_residency *r) {
     int first_error = 0;
     for (uint32_t layer = 0; layer < r->n_layer; layer++) {
-        const struct layer *l = &r->layers[layer];
-        for (uint32_t i = 0; i < l->n_tensors; i++) {
-            const struct tensor *t = &r->tensors[l->first_tensor + i];
-            for (uint32_t e = 0; e < r->n_expert;) {
-                if (holds(r, layer, e)) {
-                    e++;
-                    continue;
-                }
-                uint32_t run_end = e;
-                while (run_end < r->n_expert && !holds(r, layer, run_end)) {
-                    run_end++;
-                }
-                uint64_t a = t->begin + (uint64_t)e * t->stride, b = t->begin + (uint64_t)run_end * t->stride;
-                uint64_t start = page_up(r, a), end = page_down(r, b);
-                if (a % r->page && page_droppable(r, layer, t, page_down(r, a))) {
-                    start = page_down(r, a);
-                }
-                if (b % r->page && page_droppable(r, layer, t, page_down(r, b))) {
-                    end = page_down(r, b) + r->page;
-                }
-                if (start < end) {
-                    int err = drop_range(r, t, start, end);
-                    first_error = first_error ? first_error : err;
-                }
-                e = run_end;
-            }
-        }
+        int err = drop_free_runs(r, layer);
+        first_error = first_error ? first_error : err;
     }
     return first_error;
 }
@@ -1325,12 +1409,19 @@ static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t
 
 /* Drops the pages of the victims whose drop waited (evict_by_policy's `later`); 0 or the first drop error. */
 static int drop_pending(struct guanaco_residency *r) {
-    if (r->pending_drops.n == 0) {
-        return 0;
-    }
     uint64_t start = guanaco_now_ns();
-    int drop_error = drop_victims(r, r->pending_drops.layers, r->pending_drops.experts, r->pending_drops.n);
-    r->pending_drops.n = 0;
+    int drop_error = 0;
+    if (r->pending_drops.n) {
+        drop_error = drop_victims(r, r->pending_drops.layers, r->pending_drops.experts, r->pending_drops.n);
+        r->pending_drops.n = 0;
+    }
+    for (uint32_t layer = 0; r->stream && layer < r->n_layer; layer++) {
+        if (r->stream_pending[layer]) {
+            r->stream_pending[layer] = false;
+            int err = drop_free_runs(r, layer); /* whole runs: a huge folio goes only with both its experts */
+            drop_error = drop_error ? drop_error : err;
+        }
+    }
     r->stats.evict_ns += guanaco_now_ns() - start;
     return drop_error;
 }
@@ -1338,6 +1429,30 @@ static int drop_pending(struct guanaco_residency *r) {
 static int compare_u32(const void *a, const void *b) {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     return x < y ? -1 : x > y;
+}
+
+/* Consecutive experts one streamed run may span (STREAM_SPAN_BYTES of the widest slice); see prefetch_create. */
+static uint32_t stream_run_experts(const struct guanaco_residency *r, uint32_t layer) {
+    uint64_t widest = 0;
+    const struct layer *l = &r->layers[layer];
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        uint64_t stride = r->tensors[l->first_tensor + k].stride;
+        widest = stride > widest ? stride : widest;
+    }
+    uint64_t n = widest ? STREAM_SPAN_BYTES / widest : 1;
+    return n ? (uint32_t)(n < r->n_expert ? n : r->n_expert) : 1;
+}
+
+/* Requests for file bytes [a, b) of t in pieces of `piece`: WILLNEED, or populate through `huge`. One io piece
+   per request: settle_issued relies on a request being issued whole or not at all. */
+static void add_run_requests(struct guanaco_residency *r, struct prefetch_run *run, const struct tensor *t,
+                             uint64_t a, uint64_t b, const char *huge, uint64_t piece) {
+    for (uint64_t at = a; at < b && run->n_requests < r->max_run_requests; at += piece) {
+        uint64_t length = b - at < piece ? b - at : piece;
+        run->addresses[run->n_requests] = address_of(t, at);
+        run->requests[run->n_requests++] = (struct guanaco_io_request){
+            .fd = t->fd, .offset = at, .length = length, .destination = NULL, .populate = huge ? huge + at : NULL};
+    }
 }
 
 static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
@@ -1368,6 +1483,11 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     if (wanted == 0) {
         return 0;
     }
+    /* A prompt's layer streams (stream_prompts): its call uses these reads once, and they come in huge folios. */
+    const bool streamed = r->stream && wanted * 2 >= r->n_expert;
+    if (streamed) {
+        r->stream_ahead[layer] = true;
+    }
     /* Room inside the budget: the policy gives up its least wanted experts, never the protected layer's. */
     guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding + wanted * expert_bytes);
     /* The victims' pages are dropped once the runs are submitted: the disk starts on them first (a prompt's
@@ -1389,7 +1509,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     /* ascending ids: consecutive experts are consecutive bytes of every tensor, so they share requests */
     qsort(r->missing, wanted, sizeof(*r->missing), compare_u32);
     const struct layer *l = &r->layers[layer];
-    const uint32_t run_limit = prefetch_run_experts(r, layer);
+    const uint32_t run_limit = streamed && r->stream_huge ? stream_run_experts(r, layer) : prefetch_run_experts(r, layer);
     for (size_t i = 0; i < wanted;) {
         struct prefetch_run *run = NULL;
         for (uint32_t j = 0; j < r->n_runs && !run; j++) {
@@ -1408,13 +1528,17 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
-            /* one io piece per request: settle_issued relies on a request being issued whole or not at all */
-            for (uint64_t at = a; at < b && run->n_requests < r->max_run_requests; at += GUANACO_IO_ADVISE_BYTES) {
-                uint64_t length = b - at < GUANACO_IO_ADVISE_BYTES ? b - at : GUANACO_IO_ADVISE_BYTES;
-                run->addresses[run->n_requests] = address_of(t, at);
-                run->requests[run->n_requests++] = (struct guanaco_io_request){
-                    .fd = t->fd, .offset = at, .length = length, .destination = NULL};
+            /* a streamed run's whole 2 MiB pieces go through the huge mapping, its two ends the 4 KiB way */
+            const char *huge = streamed ? r->shards[t->shard].huge : NULL;
+            uint64_t huge_begin = (a + HUGE_FOLIO_BYTES - 1) / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
+            uint64_t huge_end = b / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
+            if (!huge || huge_begin >= huge_end) {
+                huge_begin = huge_end = b;
             }
+            add_run_requests(r, run, t, a, huge_begin, NULL, GUANACO_IO_ADVISE_BYTES);
+            add_run_requests(r, run, t, huge_begin, huge_end, huge, GUANACO_IO_POPULATE_BYTES);
+            add_run_requests(r, run, t, huge_end, b, NULL, GUANACO_IO_ADVISE_BYTES);
+            r->stats.streamed_huge_bytes += huge_end - huge_begin;
         }
         for (uint32_t e = first; e < first + count; e++) {
             r->run_of_slot[(size_t)layer * r->n_expert + e] = (uint32_t)(run - r->runs) + 1;
@@ -1448,11 +1572,12 @@ int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, cons
  * call, as failures: nothing entered its accounting, and the caller drops
  * them. Ends the call's read marks. 0 or the policy's error.
  */
-static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token) {
+static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token, bool stream) {
     size_t n_accessed = 0;
     for (size_t i = 0; i < n_distinct; i++) {
         uint32_t e = r->distinct[i];
-        if (guanaco_policy_is_resident(r->policy, layer, e) || read_by_call(r, layer, e)) {
+        /* a streamed call's reads are used once: the policy hears of its hits only */
+        if (guanaco_policy_is_resident(r->policy, layer, e) || (!stream && read_by_call(r, layer, e))) {
             r->accessed[n_accessed++] = e;
         }
     }
@@ -1481,6 +1606,7 @@ static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_dis
             r->stats.expert_loads++;
             r->stats.churn_loads +=
                 r->evicted_at[slot] && token + 1 - r->evicted_at[slot] <= GUANACO_RESIDENCY_CHURN_TOKENS;
+            r->stats.streamed_bytes += stream ? r->layers[layer].expert_bytes : 0;
         }
     }
     r->read_layer = UINT32_MAX;
@@ -1540,6 +1666,12 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         }
     }
     int first_error = 0, pending_error = 0;
+    /* A prompt's ubatch streams the layer (stream_prompts), and so does a call whose read-ahead streamed: its
+       huge folios must go as whole runs. */
+    const bool stream = r->stream && (r->stream_ahead[layer] || n_distinct * 2 >= r->n_expert);
+    if (r->stream) {
+        r->stream_ahead[layer] = false;
+    }
     r->read_layer = layer; /* from here to the policy's answer, read_call marks what this call mapped */
     /* What is missing goes first (urgent); the last call's victims are dropped and this layer's read-ahead
        lands while the disk reads it. */
@@ -1559,7 +1691,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         first_error = first_error ? first_error : err;
     }
 
-    err = tell_policy(r, layer, n_distinct, token);
+    err = tell_policy(r, layer, n_distinct, token, stream);
     /* What the policy does not hold is no one's: the pages a failed expert left cached or mapped, and,
        when the policy refused the call, everything the call read. */
     for (size_t i = 0; (first_error || err) && i < n_distinct; i++) {
@@ -1568,6 +1700,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         }
     }
     if (err) {
+        if (stream) {
+            r->stream_pending[layer] = true;
+        }
         return err;
     }
     uint64_t resident = guanaco_policy_resident_bytes(r->policy) + r->prefetch_outstanding;
@@ -1584,6 +1719,11 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     if (!later) {
         int err = drop_pending(r);
         pending_error = pending_error ? pending_error : err;
+    }
+    if (stream) {
+        /* after any drop at once: the layer computes from these pages, which go with the next call's reads (for
+           the last layer, the next ubatch's or token's first call) */
+        r->stream_pending[layer] = true;
     }
     if (r->stats.transformed_bytes != transformed_before || r->stats.prefetch_wasted_bytes != wasted_before) {
         drop_arena_file_pages(r, layer); /* a call that only hit read nothing: no fadvise on that path */

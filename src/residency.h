@@ -133,6 +133,11 @@ struct guanaco_residency_config {
     unsigned queue_depth;           /* 0 = GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH */
     enum guanaco_residency_load load;
     uint64_t prefetch_bytes;        /* most bytes read ahead at once, inside the budget; 0 = no read-ahead */
+    /* A call that needs at least half of its layer (a prompt's ubatch) streams the layer: what it reads is
+       used by that call and dropped after it, never kept, so the resident set stays what decoding chose.
+       Read-ahead for such a call reads through a second mapping advised MADV_HUGEPAGE, in 2 MiB folios.
+       PAGE_CACHE loading without arenas only; elsewhere ignored. */
+    bool stream_prompts;
 };
 
 struct guanaco_residency_stats {
@@ -157,6 +162,8 @@ struct guanaco_residency_stats {
     uint64_t prefetch_wait_ns;           /* inside stall_ns: waiting for read-ahead still in flight */
     uint64_t prefetch_outstanding_bytes; /* read ahead and not yet claimed, now */
     uint64_t prediction_checked, predicted_needed; /* distinct experts of predicted calls, and how many were named */
+    uint64_t streamed_bytes;        /* loaded for a streamed call and dropped after it (inside the loads) */
+    uint64_t streamed_huge_bytes;   /* read ahead for streamed calls through the MADV_HUGEPAGE mapping */
     enum guanaco_io_backend io_backend;
     enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
 };

@@ -147,11 +147,11 @@ static void drop_whole_file(const struct model *m) {
     reclaim_mark = file_pages_reclaimed();
 }
 
-/* Lays out n_layer layers: a header page, then per layer a dense blob and its expert tensors. */
-static int make_model(struct model *m, uint32_t n_layer, const char *tag) {
+/* Lays out n_layer layers: a header of first_offset bytes, then per layer a dense blob and its expert tensors. */
+static int make_model_at(struct model *m, uint32_t n_layer, const char *tag, uint64_t first_offset) {
     memset(m, 0, sizeof(*m));
     m->n_layer = n_layer;
-    uint64_t at = 4096;
+    uint64_t at = first_offset;
     for (uint32_t l = 0; l < n_layer; l++) {
         at += 5000; /* "dense weights" between the expert tensors */
         if (l == DENSE_LAYER) {
@@ -214,6 +214,8 @@ static int make_model(struct model *m, uint32_t n_layer, const char *tag) {
     drop_whole_file(m);
     return 0;
 }
+
+static int make_model(struct model *m, uint32_t n_layer, const char *tag) { return make_model_at(m, n_layer, tag, 4096); }
 
 static void free_model(struct model *m) {
     if (m->map && m->map != MAP_FAILED) {
@@ -290,6 +292,7 @@ static size_t distinct_ids(const int32_t *ids, size_t n, uint32_t *out) {
  * earlier call must be gone.
  */
 static bool victims_deferred;
+static uint32_t stream_pending_layer = UINT32_MAX; /* a streamed call's layer whose pages wait for the next call */
 static bool resident_before[N_LAYER][N_EXPERT];
 static size_t deferred_pages_cached;
 
@@ -392,6 +395,14 @@ static void verify(const struct model *m, struct guanaco_residency *r, uint32_t 
                     deferred_pages_cached += cached[p / P] & 1;
                     state[p / P] = PAGE_EITHER;
                 }
+            }
+        }
+    }
+    for (uint32_t x = 0; stream_pending_layer < m->n_layer && x < N_EXPERT; x++) {
+        for (uint32_t t = 0; t < N_TENSOR; t++) {
+            uint64_t a = slice_begin(m, stream_pending_layer, t, x);
+            for (uint64_t p = page_down(a); p < a + stride_of_tensor[t]; p += P) {
+                state[p / P] = PAGE_EITHER;
             }
         }
     }
@@ -807,6 +818,120 @@ static void test_warm_start(const struct model *m, enum guanaco_io_backend io) {
     guanaco_residency_get_stats(r, &st);
     CHECK(st.bytes_read == 0 && st.expert_loads == 0 && st.hits == st.accesses && st.accesses == adopted);
     guanaco_residency_destroy(r);
+}
+
+
+/*
+ * Streamed prompts (stream_prompts): a call that needs the whole layer maps
+ * every expert it needs with the file's bytes, keeps none of what it read
+ * (the layer's resident set is what it was), and the next call drops all of
+ * it, huge folios included: the model starts 1.7 MB in, so that a 2 MiB
+ * folio lies inside a run of experts in two tensors. A folio dropped per
+ * expert would stay cached, which verify() then finds. The last MoE layer's
+ * pages too wait for the next call: they are what it computes from.
+ */
+static void test_stream_prompts(enum guanaco_io_backend io) {
+    struct model sm;
+    if (make_model_at(&sm, 3, "stream", 1700000) != 0) {
+        CHECK(!"stream model written");
+        return;
+    }
+    const struct model *m = &sm;
+    drop_whole_file(m);
+    const uint64_t all = EXPERT_BYTES * N_EXPERT * m->n_layer;
+    struct guanaco_residency_config config = config_of(m, all / 2, 0, GUANACO_POLICY_LRU, io);
+    config.load = GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
+    config.prefetch_bytes = all / 2;
+    config.stream_prompts = true;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        free_model(&sm);
+        return;
+    }
+    int32_t every[N_EXPERT];
+    uint32_t every_u[N_EXPERT];
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        every[e] = (int32_t)e;
+        every_u[e] = e;
+    }
+    /* decoding first: a few residents, outside the runs that hold the huge folios */
+    const int32_t decode_ids[3][2] = {{15, 15}, {15, 15}, {3, 9}};
+    uint64_t token = 0;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        CHECK(prepare(m, r, l, decode_ids[l], 2, token) == 0);
+        verify(m, r, l, decode_ids[l], 2, all / 2, 0, -1);
+    }
+    for (int prompt = 0; prompt < 2; prompt++) {
+        token++;
+        CHECK(guanaco_residency_prefetch(r, 0, every_u, N_EXPERT, N_EXPERT, m->n_layer - 1, token) == 0);
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            bool before[N_EXPERT];
+            for (uint32_t x = 0; x < N_EXPERT; x++) {
+                before[x] = guanaco_residency_is_resident(r, l, x);
+            }
+            struct guanaco_residency_stats st0, st1;
+            guanaco_residency_get_stats(r, &st0);
+            CHECK(prepare(m, r, l, every, N_EXPERT, token) == 0);
+            guanaco_residency_get_stats(r, &st1);
+            size_t n_pages = (size_t)(page_up(m->size) / P);
+            uint64_t *mapped = read_pagemap(m->map, n_pages);
+            bool kept = true, all_mapped = true, bytes_equal = true;
+            for (uint32_t x = 0; x < N_EXPERT; x++) {
+                kept = kept && guanaco_residency_is_resident(r, l, x) == before[x];
+                for (uint32_t t = 0; t < N_TENSOR; t++) {
+                    uint64_t a = slice_begin(m, l, t, x), b = a + stride_of_tensor[t];
+                    for (uint64_t p = page_down(a); p < b; p += P) {
+                        if (!page_mapped(mapped, p / P) && all_mapped) {
+                            fprintf(stderr, "stream prompt %d: layer %u expert %u tensor %u: page %llu not mapped\n",
+                                    prompt, l, x, t, (unsigned long long)(p / P));
+                        }
+                        all_mapped = all_mapped && page_mapped(mapped, p / P);
+                    }
+                    if (all_mapped) { /* a fault here would read the file itself */
+                        bytes_equal = bytes_equal && memcmp(m->map + a, expected_content + a, b - a) == 0;
+                    }
+                }
+            }
+            free(mapped);
+            CHECK(kept);
+            CHECK(all_mapped);
+            CHECK(bytes_equal);
+            uint64_t hits = st1.hits - st0.hits;
+            CHECK(st1.streamed_bytes - st0.streamed_bytes == (N_EXPERT - hits) * EXPERT_BYTES);
+            CHECK(st1.expert_loads - st0.expert_loads == N_EXPERT - hits);
+            /* before the read-ahead of the next layer: only this layer's pages may wait */
+            stream_pending_layer = l;
+            verify(m, r, UINT32_MAX, NULL, 0, all / 2, 0, -1);
+            stream_pending_layer = UINT32_MAX;
+            if (l + 1 < m->n_layer) {
+                CHECK(guanaco_residency_prefetch(r, l + 1, every_u, N_EXPERT, N_EXPERT, l, token) == 0);
+            }
+        }
+    }
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.streamed_bytes > 0 && st.prefetch_used_experts > 0);
+    /* whether the huge mapping was made depends on THP; where it was, the two folios went through it */
+    FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char mode[128] = "";
+    if (thp) {
+        (void)!fgets(mode, sizeof(mode), thp);
+        fclose(thp);
+    }
+    if (thp && !strstr(mode, "[never]")) {
+        CHECK(st.streamed_huge_bytes >= 2 * 2 * (2ull << 20)); /* two prompts, two folios each */
+    }
+    printf("  %s stream prompts: %.1f MB streamed, %.1f MB of it through the huge mapping, %llu hits\n",
+           guanaco_io_backend_name(io), (double)st.streamed_bytes / 1e6, (double)st.streamed_huge_bytes / 1e6,
+           (unsigned long long)st.hits);
+    /* decoding again: the residents are the ones decoding chose */
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        CHECK(prepare(m, r, l, decode_ids[l], 2, token + 1) == 0);
+        verify(m, r, l, decode_ids[l], 2, all / 2, 0, -1);
+    }
+    guanaco_residency_destroy(r);
+    free_model(&sm);
 }
 
 /* ---- arenas: experts that compute in another layout (expert_repack.h) ---- */
@@ -1260,6 +1385,7 @@ int main(void) {
             run_prefetch_stream(&m, io, GUANACO_POLICY_LRU, all / 4, 8, 2, 2, 0);
             run_prefetch_stream(&m, io, GUANACO_POLICY_GUANACO, all / 5, 6, 8, 4, 0);
             test_cancel_in_flight(&m, io);
+            test_stream_prompts(io);
         }
         if (load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
             /* (DIRECT scenarios leave anonymous copies in this shared test mapping, which mincore then reports;

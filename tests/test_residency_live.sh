@@ -42,18 +42,21 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                "layer-lru io_uring 4M page-cache pilot --ubatch 16" "lru io_uring 3M page-cache gate" \
                "guanaco threads 2M page-cache gate --ubatch 16" \
                "lru io_uring 3M page-cache throttled-gate --gen-tokens 40" \
-               "layer-lru io_uring 3M direct pilot+repack=on" "lru threads 2M page-cache none+repack=off"; do
+               "layer-lru io_uring 3M direct pilot+repack=on" "lru threads 2M page-cache none+repack=off" \
+               "layer-lru io_uring 4M page-cache pilot+stream --ubatch 16" "guanaco threads 3M page-cache gate+stream"; do
         set -- $run
         name="$1.$2.$5${6:+.${6#--}$7}"
         # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches (40 tokens: decode
         # starts off, tries read-ahead in its second epoch of 4 tokens and again one epoch in 8)
         # X+repack=Y: --guanaco-repack Y (the default is auto)
-        throttle=off predictor=${5%%+*} repack=auto
+        # X+stream: --guanaco-stream-prompts, the prompt's ubatches stream their layers
+        throttle=off predictor=${5%%+*} repack=auto stream=off
         [ "${5#*+repack=}" != "$5" ] && repack=${5#*+repack=}
+        [ "${5#*+stream}" != "$5" ] && stream=on
         [ "${predictor#throttled-}" != "$predictor" ] && throttle=on predictor=${predictor#throttled-}
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
             GUANACO_PREFETCH=$predictor GUANACO_PREFETCH_THROTTLE=$throttle GUANACO_REPACK=$repack \
-            "$LOGITS_DUMP" "$m" "$W/$arch.$name.bin" ${6:+$6 $7} >"$W/$arch.$name.log" 2>&1
+            GUANACO_STREAM_PROMPTS=$stream "$LOGITS_DUMP" "$m" "$W/$arch.$name.bin" ${6:+$6 $7} >"$W/$arch.$name.log" 2>&1
         rc=$?
         reference=off ref_name="off --guanaco-reference" ref_env=(GUANACO_REFERENCE=1)
         if grep -q "so results equal plain llama.cpp's default" "$W/$arch.$name.log"; then
@@ -77,6 +80,12 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                 awk '{ exit !($2 > 0 && $5 > 0) }'
             check "$arch $quant: $name read ahead and used some of it" $? \
                 "$(grep -o 'read-ahead[^;]*' "$W/$arch.$name.log" | tail -1)"
+        fi
+        # streamed prompts really streamed: the prompt's reads were used once and not kept
+        if [ $stream = on ]; then
+            grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'streamed [0-9.]* MiB' |
+                awk '{ s += $2 } END { exit !(s > 0) }'
+            check "$arch $quant: $name streamed its prompt" $? "$(grep -o 'streamed [^)]*)' "$W/$arch.$name.log" | tail -2)"
         fi
         # gate follows every one of these routers (plain, biased, softmax-weighted) and scores its guesses
         # the throttle measured both sides of the decode and said which one it kept
