@@ -223,7 +223,7 @@ static bool holds(const struct guanaco_residency *r, uint32_t layer, uint32_t e)
 static int prefetch_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static uint32_t stream_run_experts(const struct guanaco_residency *r, uint32_t layer);
-static int drop_pending(struct guanaco_residency *r);
+static int drop_pending(struct guanaco_residency *r, bool streamed_too);
 
 /* ---- create / destroy ---- */
 
@@ -903,7 +903,7 @@ static int drop_unaccounted_locked(struct guanaco_residency *r) {
 
 int guanaco_residency_drop_unaccounted(struct guanaco_residency *r) {
     pthread_mutex_lock(&r->lock);
-    int pending_error = drop_pending(r);
+    int pending_error = drop_pending(r, true);
     int err = drop_unaccounted_locked(r);
     pthread_mutex_unlock(&r->lock);
     return err ? err : pending_error;
@@ -1408,14 +1408,16 @@ static int evict_by_policy(struct guanaco_residency *r, uint32_t layer, uint64_t
 }
 
 /* Drops the pages of the victims whose drop waited (evict_by_policy's `later`); 0 or the first drop error. */
-static int drop_pending(struct guanaco_residency *r) {
+static int drop_pending(struct guanaco_residency *r, bool streamed_too) {
     uint64_t start = guanaco_now_ns();
     int drop_error = 0;
     if (r->pending_drops.n) {
         drop_error = drop_victims(r, r->pending_drops.layers, r->pending_drops.experts, r->pending_drops.n);
         r->pending_drops.n = 0;
     }
-    for (uint32_t layer = 0; r->stream && layer < r->n_layer; layer++) {
+    /* A streamed layer's pages go only once its compute is over: at the next prepare call, never from the
+       read-ahead that follows the layer's own call. */
+    for (uint32_t layer = 0; r->stream && streamed_too && layer < r->n_layer; layer++) {
         if (r->stream_pending[layer]) {
             r->stream_pending[layer] = false;
             int err = drop_free_runs(r, layer); /* whole runs: a huge folio goes only with both its experts */
@@ -1550,7 +1552,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         i += count;
     }
     guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding);
-    int drop_error = drop_pending(r); /* these victims and any the last call left */
+    int drop_error = drop_pending(r, false); /* these victims and any the last call left; the layer computes */
     return err ? err : drop_error;
 }
 
@@ -1679,7 +1681,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     uint64_t start = guanaco_now_ns();
     size_t n_requests = n_missing ? submit_demand(r, layer, n_missing, &job) : 0;
     size_t n_demand = n_missing;
-    pending_error = drop_pending(r); /* this call's experts are held by now */
+    pending_error = drop_pending(r, true); /* this call's experts are held by now; the last layer has computed */
     (void)claim_prefetch(r, layer, call, &n_missing);
     if (n_demand) {
         first_error = finish_demand(r, layer, n_demand, n_requests, &job, start);
@@ -1717,7 +1719,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     bool later = r->load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && !r->transform_source && layer != r->last_expert_layer;
     int drop_error = evict_by_policy(r, layer, token, later ? &r->pending_drops : NULL);
     if (!later) {
-        int err = drop_pending(r);
+        int err = drop_pending(r, true);
         pending_error = pending_error ? pending_error : err;
     }
     if (stream) {
@@ -1842,7 +1844,9 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
         return -ENOMEM;
     }
     pthread_mutex_lock(&r->lock);
-    (void)drop_pending(r); /* what the policy let go is not counted as resident */
+    /* What the policy let go is not counted as resident; a streamed layer's pages stay, and count, until the
+       next call: its compute may still be reading them. */
+    (void)drop_pending(r, false);
     for (uint32_t i = 0; i < r->n_tensors; i++) {
         const struct tensor *t = &r->tensors[i];
         uintptr_t a = (uintptr_t)t->mapped, b = a + (uintptr_t)(t->end - t->begin);
