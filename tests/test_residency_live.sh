@@ -43,20 +43,24 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                "guanaco threads 2M page-cache gate --ubatch 16" \
                "lru io_uring 3M page-cache throttled-gate --gen-tokens 40" \
                "layer-lru io_uring 3M direct pilot+repack=on" "lru threads 2M page-cache none+repack=off" \
-               "layer-lru io_uring 4M page-cache pilot+stream --ubatch 16" "guanaco threads 3M page-cache gate+stream"; do
+               "layer-lru io_uring 4M page-cache pilot+stream --ubatch 16" "guanaco threads 3M page-cache gate+stream" \
+               "lru io_uring 3M page-cache pilot+nostream --ubatch 16"; do
         set -- $run
         name="$1.$2.$5${6:+.${6#--}$7}"
         # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches (40 tokens: decode
         # starts off, tries read-ahead in its second epoch of 4 tokens and again one epoch in 8)
         # X+repack=Y: --guanaco-repack Y (the default is auto)
-        # X+stream: --guanaco-stream-prompts, the prompt's ubatches stream their layers
-        throttle=off predictor=${5%%+*} repack=auto stream=off
+        # X+stream: --guanaco-stream-prompts on (the default), checked to stream; X+nostream: off
+        throttle=off predictor=${5%%+*} repack=auto stream=default
         [ "${5#*+repack=}" != "$5" ] && repack=${5#*+repack=}
         [ "${5#*+stream}" != "$5" ] && stream=on
+        [ "${5#*+nostream}" != "$5" ] && stream=off
+        stream_env=()
+        [ $stream = default ] || stream_env=(GUANACO_STREAM_PROMPTS=$stream)
         [ "${predictor#throttled-}" != "$predictor" ] && throttle=on predictor=${predictor#throttled-}
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
             GUANACO_PREFETCH=$predictor GUANACO_PREFETCH_THROTTLE=$throttle GUANACO_REPACK=$repack \
-            GUANACO_STREAM_PROMPTS=$stream "$LOGITS_DUMP" "$m" "$W/$arch.$name.bin" ${6:+$6 $7} >"$W/$arch.$name.log" 2>&1
+            env "${stream_env[@]}" "$LOGITS_DUMP" "$m" "$W/$arch.$name.bin" ${6:+$6 $7} >"$W/$arch.$name.log" 2>&1
         rc=$?
         reference=off ref_name="off --guanaco-reference" ref_env=(GUANACO_REFERENCE=1)
         if grep -q "so results equal plain llama.cpp's default" "$W/$arch.$name.log"; then
@@ -86,6 +90,11 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
             grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'streamed [0-9.]* MiB' |
                 awk '{ s += $2 } END { exit !(s > 0) }'
             check "$arch $quant: $name streamed its prompt" $? "$(grep -o 'streamed [^)]*)' "$W/$arch.$name.log" | tail -2)"
+        elif [ $stream = off ]; then
+            grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'streamed [0-9.]* MiB' |
+                awk '{ s += $2 } END { exit !(NR > 0 && s == 0) }'
+            check "$arch $quant: $name kept what its prompt read (streaming off)" $? \
+                "$(grep -o 'streamed [^)]*)' "$W/$arch.$name.log" | tail -2)"
         fi
         # gate follows every one of these routers (plain, biased, softmax-weighted) and scores its guesses
         # the throttle measured both sides of the decode and said which one it kept

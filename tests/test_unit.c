@@ -48,7 +48,7 @@ static void test_options(void) {
     /* the residency defaults the README states */
     CHECK(options.load == GUANACO_LOAD_PAGE_CACHE && options.status_every == GUANACO_DEFAULT_STATUS_EVERY &&
           !options.audit && options.preload && options.io == GUANACO_IO_URING && options.policy == 2 /* layer-lru */ &&
-          !options.stream_prompts);
+          options.stream_prompts);
     /* read-ahead is on by default with the pilot predictor and its own default mass */
     CHECK(options.prefetch == 1 /* pilot */ && options.pilot_mass == 0.0);
     /* and throttled: it runs only where it is measured faster */
@@ -99,9 +99,9 @@ static void test_options(void) {
     setenv("GUANACO_STATUS_EVERY", "4", 1);
     setenv("GUANACO_PRELOAD", "off", 1);
     setenv("GUANACO_AUDIT", "1", 1);
-    setenv("GUANACO_STREAM_PROMPTS", "on", 1);
+    setenv("GUANACO_STREAM_PROMPTS", "off", 1);
     CHECK(guanaco_options_get(&options) == 0 && options.load == GUANACO_LOAD_DIRECT && options.status_every == 4 &&
-          !options.preload && options.audit && options.stream_prompts);
+          !options.preload && options.audit && !options.stream_prompts);
     unsetenv("GUANACO_STREAM_PROMPTS");
     unsetenv("GUANACO_LOAD");
     unsetenv("GUANACO_STATUS_EVERY");
