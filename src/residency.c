@@ -195,16 +195,25 @@ static const char *address_of(const struct tensor *t, uint64_t offset) {
     return t->mapped + (offset - t->begin);
 }
 
-/* Consecutive experts one read-ahead run may span: as many as fit in PREFETCH_SPAN_BYTES of the widest slice. */
-static uint32_t prefetch_run_experts(const struct guanaco_residency *r, uint32_t layer) {
+/* Consecutive experts one read-ahead run may span: as many as fit in span_bytes of the widest slice. */
+static uint32_t run_experts(const struct guanaco_residency *r, uint32_t layer, uint64_t span_bytes) {
     uint64_t widest = 0;
     const struct layer *l = &r->layers[layer];
     for (uint32_t k = 0; k < l->n_tensors; k++) {
         uint64_t stride = r->tensors[l->first_tensor + k].stride;
         widest = stride > widest ? stride : widest;
     }
-    uint64_t n = widest ? PREFETCH_SPAN_BYTES / widest : 1;
+    uint64_t n = widest ? span_bytes / widest : 1;
     return n ? (uint32_t)(n < r->n_expert ? n : r->n_expert) : 1;
+}
+
+static uint32_t prefetch_run_experts(const struct guanaco_residency *r, uint32_t layer) {
+    return run_experts(r, layer, PREFETCH_SPAN_BYTES);
+}
+
+/* A streamed layer's runs: STREAM_SPAN_BYTES, cut into 2 MiB pieces for the huge mapping. */
+static uint32_t stream_run_experts(const struct guanaco_residency *r, uint32_t layer) {
+    return run_experts(r, layer, STREAM_SPAN_BYTES);
 }
 
 /* Whether the call under way read and mapped expert e of `layer`, which the policy has not heard of yet. */
@@ -222,7 +231,6 @@ static bool holds(const struct guanaco_residency *r, uint32_t layer, uint32_t e)
 
 static int prefetch_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
-static uint32_t stream_run_experts(const struct guanaco_residency *r, uint32_t layer);
 static int drop_pending(struct guanaco_residency *r, bool streamed_too);
 
 /* ---- create / destroy ---- */
@@ -1431,18 +1439,6 @@ static int drop_pending(struct guanaco_residency *r, bool streamed_too) {
 static int compare_u32(const void *a, const void *b) {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     return x < y ? -1 : x > y;
-}
-
-/* Consecutive experts one streamed run may span (STREAM_SPAN_BYTES of the widest slice); see prefetch_create. */
-static uint32_t stream_run_experts(const struct guanaco_residency *r, uint32_t layer) {
-    uint64_t widest = 0;
-    const struct layer *l = &r->layers[layer];
-    for (uint32_t k = 0; k < l->n_tensors; k++) {
-        uint64_t stride = r->tensors[l->first_tensor + k].stride;
-        widest = stride > widest ? stride : widest;
-    }
-    uint64_t n = widest ? STREAM_SPAN_BYTES / widest : 1;
-    return n ? (uint32_t)(n < r->n_expert ? n : r->n_expert) : 1;
 }
 
 /* Requests for file bytes [a, b) of t in pieces of `piece`: WILLNEED, or populate through `huge`. One io piece
