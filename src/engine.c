@@ -66,7 +66,7 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      "%.2f GiB read at %.2f GB/s, stall %.1f ms/token (reads %.1f, mapping %.1f of which repacking %.1f, eviction %.1f, read-ahead "
                      "wait %.1f), %llu evictions, churn %.1f%% "
                      "(reloaded within %u tokens), read-ahead %.1f MiB issued, %.1f used, %.1f wasted, recall %.1f%%, "
-                     "hidden %.1f%% of reads, streamed %.1f MiB (%.1f through huge folios)%s",
+                     "hidden %.1f%% of reads, streamed %.1f MiB (%.1f via the huge mapping)%s",
                      what, (unsigned long long)tokens, percent(hits, accesses), (unsigned long long)accesses,
                      percent(now->pinned_hits - before->pinned_hits, accesses), (unsigned long long)loads, gib(bytes),
                      read_ns ? (double)demand / (double)read_ns : 0.0, per_token(stall_ns, tokens),

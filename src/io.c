@@ -25,9 +25,6 @@
 #include "io.h"
 #include "log.h"
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22 /* Linux 5.14; older headers lack it */
-#endif
 
 #include <errno.h>
 #include <fcntl.h>

@@ -23,6 +23,12 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/mman.h>
+
+/* Linux 5.14; older headers lack it. Populate requests (below) and the residency engine's mapping use it. */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
 
 enum guanaco_io_backend { GUANACO_IO_URING, GUANACO_IO_THREADS };
 

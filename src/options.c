@@ -140,7 +140,7 @@ static int default_value(enum option_id id) {
     case OPTION_LOG: return 1;
     case OPTION_AUDIT: return 0; /* a diagnostic: its walk costs 5% of a 32-token decode (README) */
     case OPTION_PRELOAD: return 1;
-    case OPTION_STREAM_PROMPTS: return 1; /* prompts 1.00-1.14x plain at 10-50%, against 0.79-0.87x (README) */
+    case OPTION_STREAM_PROMPTS: return 1; /* 1024-token prompts 1.07-1.11x plain at 10-50%, 0.74-0.94x off (README) */
     case OPTION_REPACK: return GUANACO_REPACK_AUTO;
     case OPTION_PREFETCH_THROTTLE: return 1;
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
