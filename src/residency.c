@@ -83,7 +83,6 @@ struct layer {
 
 struct shard {
     int fd;
-    const char *huge; /* stream_prompts: the whole file again, MAP_SHARED, MADV_HUGEPAGE; NULL otherwise */
     off_t size;
     struct timespec mtime;
     char name[256];
@@ -98,6 +97,11 @@ struct prefetch_run {
     struct guanaco_io_request *requests; /* max_run_requests */
     const char **addresses;              /* max_run_requests: where each request's first byte is mapped */
     size_t n_requests;
+    /* A streamed run's MADV_HUGEPAGE mappings, one per tensor: exactly the 2 MiB-aligned middle it populates,
+       and only while it reads, so that no other range of the file is ever mapped for huge folios. */
+    void **huge_maps;        /* max_tensors_in_layer */
+    uint64_t *huge_lengths;  /* max_tensors_in_layer */
+    uint32_t n_huge_maps;
 };
 
 /* Victims chosen but whose pages are not dropped yet (evict_by_policy's `later`). */
@@ -166,7 +170,7 @@ struct guanaco_residency {
 
     /* stream_prompts (config): prompt-sized calls use their reads once and drop them */
     bool stream;
-    bool stream_huge;     /* some shard has its huge mapping: streamed runs span STREAM_SPAN_BYTES */
+    bool stream_huge;     /* the kernel takes MADV_HUGEPAGE on a file mapping: streamed runs span STREAM_SPAN_BYTES */
     bool *stream_ahead;   /* n_layer: read ahead as a streamed layer, so its call streams (huge folios) */
     bool *stream_pending; /* n_layer: a streamed call's pages, dropped with the next call's reads */
 
@@ -211,6 +215,28 @@ static uint32_t prefetch_run_experts(const struct guanaco_residency *r, uint32_t
 /* A streamed layer's runs: STREAM_SPAN_BYTES, cut into 2 MiB pieces for the huge mapping. */
 static uint32_t stream_run_experts(const struct guanaco_residency *r, uint32_t layer) {
     return run_experts(r, layer, STREAM_SPAN_BYTES);
+}
+
+/* File bytes [offset, offset + length) mapped for populating in huge folios, or NULL where the kernel refuses. */
+static void *map_huge(int fd, uint64_t offset, uint64_t length) {
+    void *map = mmap(NULL, (size_t)length, PROT_READ, MAP_SHARED, fd, (off_t)offset);
+    if (map == MAP_FAILED) {
+        return NULL;
+    }
+    /* RANDOM too: a fault reads its own folio and nothing after it */
+    if (madvise(map, (size_t)length, MADV_HUGEPAGE) != 0 || madvise(map, (size_t)length, MADV_RANDOM) != 0) {
+        munmap(map, (size_t)length);
+        return NULL;
+    }
+    return map;
+}
+
+/* Called once the run's job is done (waited or cancelled): no populate can still be using the mappings. */
+static void unmap_huge(struct prefetch_run *run) {
+    for (uint32_t k = 0; k < run->n_huge_maps; k++) {
+        munmap(run->huge_maps[k], (size_t)run->huge_lengths[k]);
+    }
+    run->n_huge_maps = 0;
 }
 
 /* Whether the call under way read and mapped expert e of `layer`, which the policy has not heard of yet. */
@@ -348,21 +374,19 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     for (uint32_t i = 0; r->io && i < r->n_runs; i++) {
         if (r->runs[i].active) {
             (void)guanaco_io_cancel(r->io, &r->runs[i].job); /* no read may land after the buffers go */
+            unmap_huge(&r->runs[i]);
         }
     }
     for (uint32_t i = 0; r->runs && i < r->n_runs; i++) {
         free(r->runs[i].requests);
         free(r->runs[i].addresses);
+        free(r->runs[i].huge_maps);
+        free(r->runs[i].huge_lengths);
     }
     free(r->runs);
     free(r->run_of_slot);
     free(r->stream_ahead);
     free(r->stream_pending);
-    for (uint32_t i = 0; r->shards && i < r->n_shards; i++) {
-        if (r->shards[i].huge) {
-            munmap((void *)(uintptr_t)r->shards[i].huge, (size_t)r->shards[i].size);
-        }
-    }
     free(r->prediction_stamp);
     free(r->layer_prediction);
     guanaco_io_destroy(r->io);
@@ -646,7 +670,9 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
     for (uint32_t i = 0; i < r->n_runs; i++) {
         r->runs[i].requests = calloc(r->max_run_requests ? r->max_run_requests : 1, sizeof(*r->runs[i].requests));
         r->runs[i].addresses = calloc(r->max_run_requests ? r->max_run_requests : 1, sizeof(*r->runs[i].addresses));
-        if (!r->runs[i].requests || !r->runs[i].addresses) {
+        r->runs[i].huge_maps = calloc(r->max_tensors_in_layer + 1, sizeof(*r->runs[i].huge_maps));
+        r->runs[i].huge_lengths = calloc(r->max_tensors_in_layer + 1, sizeof(*r->runs[i].huge_lengths));
+        if (!r->runs[i].requests || !r->runs[i].addresses || !r->runs[i].huge_maps || !r->runs[i].huge_lengths) {
             return -ENOMEM;
         }
     }
@@ -656,9 +682,16 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
 
 /*
  * Streaming needs the page-cache path without arenas: an arena would hold a
- * copy that the next call throws away. The huge mapping is only address
- * space; without it (no THP, or mmap refused) streaming still works, in
+ * copy that the next call throws away. The huge mappings are only address
+ * space; without them (no THP, or mmap refused) streaming still works, in
  * 4 KiB folios.
+ *
+ * Each streamed run maps just the 2 MiB-aligned middle it populates, and
+ * unmaps it once its reads are done. A mapping of the whole file advised
+ * MADV_HUGEPAGE would let khugepaged (kernels with
+ * CONFIG_READ_ONLY_THP_FOR_FS) collapse any 2 MiB range around a cached
+ * page into one folio, reading non-resident experts' bytes in beyond the
+ * budget, in folios that a resident neighbour then keeps.
  */
 static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
     if (!config->stream_prompts || r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE || r->transform_source) {
@@ -670,19 +703,12 @@ static int stream_create(struct guanaco_residency *r, const struct guanaco_resid
         return -ENOMEM;
     }
     r->stream = true;
-    for (uint32_t i = 0; i < r->n_shards && r->prefetch_allowance; i++) {
-        void *huge = mmap(NULL, (size_t)r->shards[i].size, PROT_READ, MAP_SHARED, r->shards[i].fd, 0);
-        if (huge == MAP_FAILED) {
-            continue;
+    if (r->prefetch_allowance && r->n_shards && r->shards[0].size >= (off_t)HUGE_FOLIO_BYTES) {
+        void *probe = map_huge(r->shards[0].fd, 0, HUGE_FOLIO_BYTES); /* only asks the kernel: nothing is read */
+        if (probe) {
+            munmap(probe, HUGE_FOLIO_BYTES);
+            r->stream_huge = true;
         }
-        /* RANDOM too: a fault reads its own folio and nothing after it */
-        if (madvise(huge, (size_t)r->shards[i].size, MADV_HUGEPAGE) != 0 ||
-            madvise(huge, (size_t)r->shards[i].size, MADV_RANDOM) != 0) {
-            munmap(huge, (size_t)r->shards[i].size);
-            continue;
-        }
-        r->shards[i].huge = huge;
-        r->stream_huge = true;
     }
     return 0;
 }
@@ -745,14 +771,6 @@ static int drop_range(struct guanaco_residency *r, const struct tensor *t, uint6
         int err = -errno;
         guanaco_log_error("residency: madvise(MADV_DONTNEED) on %s bytes %llu..%llu: %s", r->shards[t->shard].name,
                           (unsigned long long)start, (unsigned long long)end, strerror(-err));
-        return err;
-    }
-    const char *huge = r->shards[t->shard].huge;
-    if (huge && madvise((void *)(uintptr_t)(huge + start), end - start, MADV_DONTNEED) != 0) {
-        int err = -errno;
-        guanaco_log_error("residency: madvise(MADV_DONTNEED) on the huge mapping of %s bytes %llu..%llu: %s",
-                          r->shards[t->shard].name, (unsigned long long)start, (unsigned long long)end,
-                          strerror(-err));
         return err;
     }
     int ret = posix_fadvise(t->fd, (off_t)start, (off_t)(end - start), POSIX_FADV_DONTNEED);
@@ -1286,6 +1304,7 @@ static void release_run(struct guanaco_residency *r, struct prefetch_run *run) {
     }
     r->prefetch_outstanding -= run->bytes;
     run->active = false;
+    unmap_huge(run);
     guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding);
 }
 
@@ -1438,15 +1457,15 @@ static int compare_u32(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Requests for file bytes [a, b) of t in pieces of `piece`: WILLNEED, or populate through `huge`. One io piece
-   per request: settle_issued relies on a request being issued whole or not at all. */
+/* Requests for file bytes [a, b) of t in pieces of `piece`: WILLNEED, or populate through `huge`, where byte a
+   is mapped. One io piece per request: settle_issued relies on a request being issued whole or not at all. */
 static void add_run_requests(struct guanaco_residency *r, struct prefetch_run *run, const struct tensor *t,
                              uint64_t a, uint64_t b, const char *huge, uint64_t piece) {
     for (uint64_t at = a; at < b && run->n_requests < r->max_run_requests; at += piece) {
         uint64_t length = b - at < piece ? b - at : piece;
         run->addresses[run->n_requests] = address_of(t, at);
         run->requests[run->n_requests++] = (struct guanaco_io_request){
-            .fd = t->fd, .offset = at, .length = length, .destination = NULL, .populate = huge ? huge + at : NULL};
+            .fd = t->fd, .offset = at, .length = length, .destination = NULL, .populate = huge ? huge + (at - a) : NULL};
     }
 }
 
@@ -1519,15 +1538,22 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         }
         *run = (struct prefetch_run){.active = true, .layer = layer, .first_expert = first, .n_experts = count,
                                      .bytes = (uint64_t)count * expert_bytes, .requests = run->requests,
-                                     .addresses = run->addresses};
+                                     .addresses = run->addresses, .huge_maps = run->huge_maps,
+                                     .huge_lengths = run->huge_lengths};
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
-            /* a streamed run's whole 2 MiB pieces go through the huge mapping, its two ends the 4 KiB way */
-            const char *huge = streamed ? r->shards[t->shard].huge : NULL;
+            /* a streamed run's whole 2 MiB pieces go through a huge mapping, its two ends the 4 KiB way */
             uint64_t huge_begin = (a + HUGE_FOLIO_BYTES - 1) / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
             uint64_t huge_end = b / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
-            if (!huge || huge_begin >= huge_end) {
+            const char *huge = NULL;
+            if (streamed && r->stream_huge && huge_begin < huge_end) {
+                huge = map_huge(t->fd, huge_begin, huge_end - huge_begin);
+            }
+            if (huge) {
+                run->huge_maps[run->n_huge_maps] = (void *)(uintptr_t)huge;
+                run->huge_lengths[run->n_huge_maps++] = huge_end - huge_begin;
+            } else {
                 huge_begin = huge_end = b;
             }
             add_run_requests(r, run, t, a, huge_begin, NULL, GUANACO_IO_ADVISE_BYTES);

@@ -135,7 +135,8 @@ struct guanaco_residency_config {
     uint64_t prefetch_bytes;        /* most bytes read ahead at once, inside the budget; 0 = no read-ahead */
     /* A call that needs at least half of its layer (a prompt's ubatch) streams the layer: what it reads is
        used by that call and dropped after it, never kept, so the resident set stays what decoding chose.
-       Read-ahead for such a call reads through a second mapping advised MADV_HUGEPAGE, in 2 MiB folios.
+       Read-ahead for such a call reads each run's 2 MiB-aligned middle through a mapping of just that range,
+       advised MADV_HUGEPAGE and unmapped once read, in 2 MiB folios.
        PAGE_CACHE loading without arenas only; elsewhere ignored. */
     bool stream_prompts;
 };

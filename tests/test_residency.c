@@ -825,6 +825,43 @@ static void test_warm_start(const struct model *m, enum guanaco_io_backend io) {
 
 
 /*
+ * The MADV_HUGEPAGE mappings of the model file (VmFlags "hg" in smaps). Each
+ * must cover whole 2 MiB pieces of the file, and none may outlive its run:
+ * khugepaged collapses around any cached page of such a mapping, reading the
+ * rest of its 2 MiB in beyond the budget. Returns their count; *misaligned
+ * counts those not on 2 MiB boundaries of the file.
+ */
+static int huge_mappings_of(const struct model *m, int *misaligned) {
+    struct stat st;
+    *misaligned = 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f || fstat(m->fd, &st) != 0) {
+        if (f) {
+            fclose(f);
+        }
+        return -1;
+    }
+    char line[4096];
+    bool ours = false;
+    unsigned long long start = 0, end = 0, offset = 0;
+    int count = 0;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long long a, b, off, inode;
+        char perms[8], dev[32];
+        if (sscanf(line, "%llx-%llx %7s %llx %31s %llu", &a, &b, perms, &off, dev, &inode) == 6) {
+            ours = inode == (unsigned long long)st.st_ino;
+            start = a, end = b, offset = off;
+        } else if (ours && strncmp(line, "VmFlags:", 8) == 0 && strstr(line, " hg")) {
+            count++;
+            const unsigned long long huge = 2ull << 20;
+            *misaligned += offset % huge != 0 || (end - start) % huge != 0;
+        }
+    }
+    fclose(f);
+    return count;
+}
+
+/*
  * Streamed prompts (stream_prompts): a call that needs the whole layer maps
  * every expert it needs with the file's bytes, keeps none of what it read
  * (the layer's resident set is what it was), and the next call drops all of
@@ -852,6 +889,7 @@ static void test_stream_prompts(enum guanaco_io_backend io) {
         free_model(&sm);
         return;
     }
+    int streamed_huge_maps = 0; /* seen while the next layer read ahead */
     int32_t every[N_EXPERT];
     uint32_t every_u[N_EXPERT];
     for (uint32_t e = 0; e < N_EXPERT; e++) {
@@ -868,6 +906,9 @@ static void test_stream_prompts(enum guanaco_io_backend io) {
     for (int prompt = 0; prompt < 2; prompt++) {
         token++;
         CHECK(guanaco_residency_prefetch(r, 0, every_u, N_EXPERT, N_EXPERT, m->n_layer - 1, token) == 0);
+        int first_misaligned = 0, first_maps = huge_mappings_of(m, &first_misaligned);
+        CHECK(first_maps >= 0 && first_misaligned == 0);
+        streamed_huge_maps += first_maps > 0 ? first_maps : 0;
         for (uint32_t l = 0; l < m->n_layer; l++) {
             bool before[N_EXPERT];
             for (uint32_t x = 0; x < N_EXPERT; x++) {
@@ -880,12 +921,18 @@ static void test_stream_prompts(enum guanaco_io_backend io) {
             uint64_t hits = st1.hits - st0.hits;
             CHECK(st1.streamed_bytes - st0.streamed_bytes == (N_EXPERT - hits) * EXPERT_BYTES);
             CHECK(st1.expert_loads - st0.expert_loads == N_EXPERT - hits);
+            /* no run is reading now, so no huge mapping may be left */
+            int misaligned = 0;
+            CHECK(huge_mappings_of(m, &misaligned) == 0);
             /* before the read-ahead of the next layer: only this layer's pages may wait */
             stream_pending_layer = l;
             verify(m, r, UINT32_MAX, NULL, 0, all / 2, 0, -1);
             stream_pending_layer = UINT32_MAX;
             if (l + 1 < m->n_layer) {
                 CHECK(guanaco_residency_prefetch(r, l + 1, every_u, N_EXPERT, N_EXPERT, l, token) == 0);
+                int huge_maps = huge_mappings_of(m, &misaligned);
+                CHECK(huge_maps >= 0 && misaligned == 0);
+                streamed_huge_maps += huge_maps > 0 ? huge_maps : 0;
             }
             /* what the layer computes from, after the read-ahead that follows its call as in the engine */
             size_t n_pages = (size_t)(page_up(m->size) / P);
@@ -925,6 +972,7 @@ static void test_stream_prompts(enum guanaco_io_backend io) {
     }
     if (thp && !strstr(mode, "[never]")) {
         CHECK(st.streamed_huge_bytes >= 2 * 2 * (2ull << 20)); /* two prompts, two folios each */
+        CHECK(streamed_huge_maps > 0);
     }
     printf("  %s stream prompts: %.1f MB streamed, %.1f MB of it through the huge mapping, %llu hits\n",
            guanaco_io_backend_name(io), (double)st.streamed_bytes / 1e6, (double)st.streamed_huge_bytes / 1e6,
