@@ -1055,9 +1055,9 @@ static void log_throttle(const struct guanaco_engine *engine) {
             continue;
         }
         guanaco_log_info("read-ahead throttle, %s: on in %llu of %llu ubatches; %.1f ms per token off, %.1f ms on "
-                         "(0: not measured)%s",
+                         "(0: not measured); %llu explorations cut short%s",
                          kind[i], (unsigned long long)t->ubatches[1], (unsigned long long)ubatches,
-                         t->estimate[0] / 1e6, t->estimate[1] / 1e6,
+                         t->estimate[0] / 1e6, t->estimate[1] / 1e6, (unsigned long long)t->explorations_cut,
                          !t->enabled                                    ? "; the throttle is off"
                          : t->estimate[0] == 0.0 || t->estimate[1] == 0.0 ? "; one side was not measured"
                          : guanaco_read_ahead_throttle_prefers_on(t)      ? "; reading ahead pays"

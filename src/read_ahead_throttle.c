@@ -11,7 +11,7 @@
 int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool enabled, bool start_on,
                                      uint32_t epoch_ubatches, uint32_t explore_every, uint32_t first_explore) {
     if (!t || epoch_ubatches == 0 || epoch_ubatches > GUANACO_THROTTLE_MAX_EPOCH || explore_every < 2 ||
-        first_explore == 0 || first_explore >= explore_every) {
+        explore_every > GUANACO_THROTTLE_MAX_EXPLORE_GAP || first_explore == 0 || first_explore >= explore_every) {
         return -EINVAL;
     }
     memset(t, 0, sizeof(*t));
@@ -21,6 +21,8 @@ int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool
     t->first_explore = first_explore;
     t->start_on = start_on;
     t->on = !enabled || start_on;
+    t->explore_gap = explore_every;
+    t->next_explore = first_explore;
     return 0;
 }
 
@@ -57,7 +59,12 @@ void guanaco_read_ahead_throttle_observe(struct guanaco_read_ahead_throttle *t, 
         return; /* began in the previous epoch: it would blur this one */
     }
     t->times[t->in_epoch++] = (double)ns / (double)tokens;
-    if (t->in_epoch < t->epoch_ubatches) {
+    const double run_side = t->estimate[!t->on];
+    const bool clearly_losing = t->exploring && t->in_epoch == 2 && run_side > 0.0 &&
+                                t->times[0] > GUANACO_THROTTLE_ABORT_RATIO * run_side &&
+                                t->times[1] > GUANACO_THROTTLE_ABORT_RATIO * run_side;
+    t->explorations_cut += clearly_losing;
+    if (t->in_epoch < t->epoch_ubatches && !clearly_losing) {
         return;
     }
     double value = epoch_median(t);
@@ -74,9 +81,24 @@ void guanaco_read_ahead_throttle_observe(struct guanaco_read_ahead_throttle *t, 
     /* Until both sides are measured the start side counts as the faster. */
     bool measured = t->estimate[0] > 0.0 && t->estimate[1] > 0.0;
     bool best = measured ? guanaco_read_ahead_throttle_prefers_on(t) : t->start_on;
-    bool explore = t->epochs == t->first_explore || t->epochs % t->explore_every == t->explore_every - 1;
+    const uint64_t finished = t->epochs - 1;
+    if (t->exploring) {
+        /* the exploration's verdict: the same choice widens the gap, a new one starts it over */
+        bool same = best != t->on;
+        uint64_t wider = 2 * t->explore_gap;
+        t->explore_gap = !same ? t->explore_every
+                         : wider < GUANACO_THROTTLE_MAX_EXPLORE_GAP ? wider : GUANACO_THROTTLE_MAX_EXPLORE_GAP;
+        t->next_explore = finished + t->explore_gap;
+    } else if (measured && best != t->on && finished > t->first_explore) {
+        /* the side run got slower than the other's estimate: a new choice, the gap starts over */
+        t->explore_gap = t->explore_every;
+        t->next_explore = finished + t->explore_gap;
+    }
+    bool explore = t->epochs == t->next_explore;
     t->on = explore ? !best : best;
+    t->exploring = explore;
     if (t->epochs == t->first_explore + 1 && t->side_epochs[t->start_on] == 1) {
         t->on = t->start_on; /* its warm-up is all it has: measure it again, warm, before choosing */
+        t->exploring = false;
     }
 }

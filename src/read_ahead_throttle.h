@@ -17,10 +17,19 @@
  * the side that loses gets one epoch in explore_every, which bounds what it
  * costs. A side's first epoch is a warm-up: the first ubatches of a run are
  * cold (the policy and the page cache are still filling), so the side's
- * second epoch replaces it instead of averaging with it, and the start side
- * runs that second epoch right after the first exploration. Averaged, a
- * cold first decode epoch could keep read-ahead on for dozens of epochs
- * whatever it cost (test_predictor).
+ * second epoch replaces it instead of averaging with it. Averaged, a cold
+ * first decode epoch could keep read-ahead on for dozens of epochs whatever
+ * it cost (test_predictor).
+ *
+ * Exploring is what a losing side costs, so it is cut twice over. An
+ * exploration whose first two ubatches each take a quarter longer than the
+ * side run ends there: gate lost 40-50% per token on the model's own
+ * routing, and a whole epoch of that is 5% of a 32-token run. And each
+ * exploration that leaves the choice as it was doubles the gap to the next
+ * (up to GUANACO_THROTTLE_MAX_EXPLORE_GAP epochs); a change of choice resets
+ * it. The side run is measured all the time, so a change that slows it is
+ * seen at once; only a change that makes the other side pay waits for the
+ * next exploration.
  *
  * Pure like the predictors: the caller passes each ubatch's time in; no
  * clock, no I/O, no globals, no allocation. Not thread-safe.
@@ -35,12 +44,13 @@
 #define GUANACO_THROTTLE_MAX_EPOCH 16u
 
 /* Decode: 4 single-token ubatches show a 10% difference through the noise of a shared machine, and one
-   epoch in 8 spent on the losing side bounds the loss to an eighth of the difference. The other side is
-   tried at once, in the second epoch: waiting for the eighth kept a read-ahead that paid 8-9% off for 28
-   of llama-bench's 64 tokens (bench/PIPELINE.md), where trying it early costs one epoch of 4 tokens. */
+   epoch in 8 spent on the losing side bounds the loss to an eighth of the difference (less as the gap
+   widens). The other side is tried early, in the third epoch: waiting for the eighth kept a read-ahead that
+   paid 8-9% off for 28 of llama-bench's 64 tokens (bench/PIPELINE.md). Not in the second: off's second
+   epoch is its first warm one, and an exploration can be cut short only against a warm estimate. */
 #define GUANACO_THROTTLE_DECODE_EPOCH 4u
 #define GUANACO_THROTTLE_DECODE_EXPLORE_EVERY 8u
-#define GUANACO_THROTTLE_DECODE_FIRST_EXPLORE 1u
+#define GUANACO_THROTTLE_DECODE_FIRST_EXPLORE 2u
 /* Prompts: a ubatch takes seconds and comes a few at a time, so each one is an epoch, and the other side
    waits for the eighth: a 1024-token prompt is two ubatches, and reading ahead gained 24-52% on each. */
 #define GUANACO_THROTTLE_PROMPT_EPOCH 1u
@@ -48,6 +58,12 @@
 #define GUANACO_THROTTLE_PROMPT_FIRST_EXPLORE 7u
 /* Read-ahead must be this much faster than off to be chosen: a tie goes to off, which wastes nothing. */
 #define GUANACO_THROTTLE_MARGIN 0.02
+/* An exploration ends after two ubatches that each took this much longer per token than the side run's
+   estimate: a quarter is beyond a decode token's spread on a shared machine, and a side that loses that much
+   has nothing to show in two more. */
+#define GUANACO_THROTTLE_ABORT_RATIO 1.25
+/* The widest gap between explorations, in epochs: a side that loses 45% then costs 1.4% of a long run. */
+#define GUANACO_THROTTLE_MAX_EXPLORE_GAP 32u
 
 struct guanaco_read_ahead_throttle {
     uint32_t epoch_ubatches, explore_every;
@@ -61,10 +77,14 @@ struct guanaco_read_ahead_throttle {
     double estimate[2];           /* ns per token with read-ahead off [0] and on [1]; 0 = not measured yet */
     uint64_t ubatches[2];         /* ubatches measured off and on */
     uint64_t side_epochs[2];      /* epochs measured off and on */
+    bool exploring;               /* the current epoch runs the side that is not the best */
+    uint64_t explore_gap;         /* epochs from one exploration to the next: explore_every, doubling */
+    uint64_t next_explore;        /* the epoch of the next exploration */
+    uint64_t explorations_cut;    /* explorations ended after two ubatches */
 };
 
-/* epoch_ubatches from 1 to GUANACO_THROTTLE_MAX_EPOCH, explore_every at least 2, first_explore from 1 to
-   explore_every - 1. 0 or -EINVAL. */
+/* epoch_ubatches from 1 to GUANACO_THROTTLE_MAX_EPOCH, explore_every from 2 to
+   GUANACO_THROTTLE_MAX_EXPLORE_GAP, first_explore from 1 to explore_every - 1. 0 or -EINVAL. */
 int guanaco_read_ahead_throttle_init(struct guanaco_read_ahead_throttle *t, bool enabled, bool start_on,
                                      uint32_t epoch_ubatches, uint32_t explore_every, uint32_t first_explore);
 

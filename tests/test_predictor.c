@@ -668,8 +668,8 @@ static void test_throttle(void) {
     CHECK(on_count == 100);
     CHECK(t.estimate[1] > 0.0 && t.estimate[0] == 0.0);
 
-    /* decode, read-ahead 13% slower (gate on a saturated disk): it starts off, is tried in the second epoch,
-       then gets one epoch in 8, so the whole run is within 3% of never reading ahead */
+    /* decode, read-ahead 13% slower (gate on a saturated disk): it starts off, is tried in the third epoch,
+       then gets one epoch in 8 at most (the gap widens), so the whole run is within 3% of never reading ahead */
     const int n = 800;
     const int epoch = (int)GUANACO_THROTTLE_DECODE_EPOCH;
     CHECK(init_decode_throttle(&t, true) == 0);
@@ -684,20 +684,20 @@ static void test_throttle(void) {
     CHECK(total <= 1.03 * never_total);
     CHECK(t.ubatches[0] + t.ubatches[1] == (uint64_t)n);
 
-    /* read-ahead 20% faster: tried in the second epoch, off measured again warm in the third, read-ahead kept
-       from the fourth, then off one epoch in 8 */
+    /* read-ahead 20% faster: off's warm-up and its first warm epoch, read-ahead tried in the third and kept
+       from the fourth, then off one epoch in 8 at most */
     CHECK(init_decode_throttle(&t, true) == 0);
     CHECK(!guanaco_read_ahead_throttle_allows(&t));
-    (void)run_throttle(&t, epoch, 100e6, 80e6, n, &on_count);
+    (void)run_throttle(&t, 2 * epoch, 100e6, 80e6, n, &on_count);
     CHECK(on_count == 0 && guanaco_read_ahead_throttle_allows(&t));
-    (void)run_throttle(&t, n - epoch, 100e6, 80e6, n, &on_count);
+    (void)run_throttle(&t, n - 2 * epoch, 100e6, 80e6, n, &on_count);
     CHECK(guanaco_read_ahead_throttle_prefers_on(&t));
-    CHECK(on_count >= (n - epoch) - (n / epoch / 8 + 2) * epoch);
+    CHECK(on_count >= (n - 2 * epoch) - (n / epoch / 8 + 2) * epoch);
 
     /* A cold first epoch does not decide: off's first epoch took twice its real time (the policy and the
-       page cache filling), and read-ahead really costs 5%. Off is measured again in the third epoch, which
-       replaces the cold one, so read-ahead runs only in its explorations. Averaging the cold epoch in kept
-       read-ahead on for about 30 epochs. */
+       page cache filling), and read-ahead really costs 5%. Off's second epoch replaces the cold one, so
+       read-ahead runs only in its explorations. Averaging the cold epoch in kept read-ahead on for about 30
+       epochs. */
     CHECK(init_decode_throttle(&t, true) == 0);
     for (int i = 0; i < epoch; i++) {
         guanaco_read_ahead_throttle_observe(&t, false, 1, 200000000ull);
@@ -709,7 +709,40 @@ static void test_throttle(void) {
         guanaco_read_ahead_throttle_observe(&t, on, 1, on ? 105000000ull : 100000000ull);
     }
     CHECK(!guanaco_read_ahead_throttle_prefers_on(&t) && t.estimate[0] == 100000000.0);
-    CHECK(on_count == 3 * epoch); /* epochs 1, 7 and 15 */
+    CHECK(on_count == epoch); /* epoch 2; it lost, so the next is 16 epochs later, beyond these */
+    CHECK(t.explorations_cut == 0); /* 5% is no reason to cut one short */
+
+    /* Gate on the model's own routing lost 45% per token. The exploration is cut after two ubatches, and each
+       one that loses doubles the gap: over 33 ubatches (llama-bench -n 32), 2 read ahead; over a long run, the
+       loss stays under 2%. Without the cut and the wider gaps that was 8 of 33 (11%) and 1 epoch in 8. */
+    CHECK(init_decode_throttle(&t, true) == 0);
+    on_count = 0;
+    for (int i = 0; i < 33; i++) {
+        bool on = guanaco_read_ahead_throttle_allows(&t);
+        on_count += on;
+        guanaco_read_ahead_throttle_observe(&t, on, 1, on ? 145000000ull : 100000000ull);
+    }
+    CHECK(on_count == 2 && t.explorations_cut == 1);
+    CHECK(init_decode_throttle(&t, true) == 0);
+    total = run_throttle(&t, 4 * n, 100e6, 145e6, 4 * n, &on_count);
+    CHECK(init_decode_throttle(&never, true) == 0);
+    never_total = run_throttle(&never, 4 * n, 100e6, 100e6, 4 * n, &never_count);
+    CHECK(total <= 1.02 * never_total);
+    CHECK(t.explorations_cut >= 3 && t.explore_gap == GUANACO_THROTTLE_MAX_EXPLORE_GAP);
+
+    /* A wide gap still finds a read-ahead that starts to pay (the disk gets quiet): after 60 epochs of
+       losing 13%, it pays 20%, and is chosen within the widest gap and two of its epochs. */
+    CHECK(init_decode_throttle(&t, true) == 0);
+    (void)run_throttle(&t, 60 * epoch, 100e6, 113e6, 60 * epoch, &on_count);
+    CHECK(!guanaco_read_ahead_throttle_prefers_on(&t) && t.explore_gap > GUANACO_THROTTLE_DECODE_EXPLORE_EVERY);
+    int found_after = -1;
+    for (int i = 0; i < (int)(GUANACO_THROTTLE_MAX_EXPLORE_GAP + 3) * epoch && found_after < 0; i++) {
+        bool on = guanaco_read_ahead_throttle_allows(&t);
+        guanaco_read_ahead_throttle_observe(&t, on, 1, on ? 80000000ull : 100000000ull);
+        found_after = guanaco_read_ahead_throttle_prefers_on(&t) ? i : -1;
+    }
+    CHECK(found_after >= 0);
+    CHECK(t.explore_gap == GUANACO_THROTTLE_DECODE_EXPLORE_EVERY); /* a new choice starts the gap over */
 
     /* a 1% gain is within the margin: off, which wastes nothing, keeps the run */
     CHECK(init_decode_throttle(&t, true) == 0);

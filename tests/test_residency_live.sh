@@ -48,7 +48,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
         set -- $run
         name="$1.$2.$5${6:+.${6#--}$7}"
         # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches (40 tokens: decode
-        # starts off, tries read-ahead in its second epoch of 4 tokens and again one epoch in 8)
+        # starts off, tries read-ahead in its third epoch of 4 tokens and again at most one epoch in 8)
         # X+repack=Y: --guanaco-repack Y (the default is auto)
         # X+stream: --guanaco-stream-prompts on (the default), checked to stream; X+nostream: off
         throttle=off predictor=${5%%+*} repack=auto stream=default
