@@ -10,6 +10,9 @@
 #   bench/side_by_side.sh --model M.gguf [--replay TRACE] [--budgets "10 25 50 100"]
 #       [--variants "ram plain lazy guanaco"] [--reps N] [--tokens N] [--prompt N]
 #       [--margin-mib N] [--compute-ms X] [--threads N] [--repack] [--out DIR] [--title TEXT]
+#       [--report-only]
+# --report-only writes the report of the runs already in --out again, with the same other arguments: it
+# runs nothing, takes fio from the run's samples, and reads the prompt columns from the logs again.
 #
 # A budget B% means: Guanaco may keep B% of the model's expert bytes resident
 # (--guanaco-ram), and every variant runs in a cgroup limit of
@@ -52,7 +55,8 @@
 #   miss bytes/token Guanaco's bytes read over the last --tokens status lines (the measured decode)
 #   stall ms/token   Guanaco's stall (compute waiting on residency) over the same status lines
 #   prompt bytes     Guanaco's bytes read over the status lines of the measured prompt, one per ubatch
-#                    of 512 tokens (-ub 512); empty unless those lines add up to exactly --prompt tokens
+#                    of 512 tokens (-ub 512), found by position; empty unless the run printed exactly the
+#                    lines llama-bench's warmup and measured prompts and decode give
 #   compute/token    warm in-RAM compute per decode token: 1000 / the warm ram runs' median decode
 #                    tok/s, unless --compute-ms is given
 #   physical limit   OVERLAPPED: 1 / max(miss bytes per token / fio bandwidth, compute per token);
@@ -91,6 +95,7 @@ while [ $# -gt 0 ]; do
     --title) TITLE=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --repack) REPACK=1; shift ;;
+    --report-only) REPORT_ONLY=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
@@ -135,21 +140,28 @@ done
 read -ra VARIANT_LIST <<<"$VARIANTS"
 [ ${#VARIANT_LIST[@]} -gt 0 ] || die "--variants is empty"
 for variant in "${VARIANT_LIST[@]}"; do variant_parse "$variant"; done # before an hour of runs, not during
-[ -w /sys/fs/cgroup/memory ] || die "needs cgroup v1 memory at /sys/fs/cgroup/memory, writable (root)"
-command -v fio >/dev/null || die "needs fio"
-command -v fincore >/dev/null || die "needs fincore (util-linux)"
 OUT=${OUT:-$ROOT/build/bench/$(basename "$MODEL" .gguf)${REPLAY:+-replay}}
-mkdir -p "$OUT/logs"
 SIZE=$(stat -c %s "$MODEL")
 MEMTOTAL=$(($(awk '/MemTotal/ { print $2 }' /proc/meminfo) * 1024))
 RUNS="$OUT/runs.csv"
-echo "budget_pct,variant,rep,limit_bytes,tg_ts,pp_ts,read_bytes,max_usage,resident_pct,guanaco_read_gib,guanaco_gbps,\
+if [ "${REPORT_ONLY:-0}" = 1 ]; then
+    [ -f "$RUNS" ] && [ -f "$OUT/logs/probe.err" ] && [ -f "$OUT/logs/fio-before.json" ] ||
+        die "--report-only: no earlier runs in $OUT (runs.csv, logs/probe.err, logs/fio-before.json)"
+else
+    [ -w /sys/fs/cgroup/memory ] || die "needs cgroup v1 memory at /sys/fs/cgroup/memory, writable (root)"
+    command -v fio >/dev/null || die "needs fio"
+    command -v fincore >/dev/null || die "needs fincore (util-linux)"
+    mkdir -p "$OUT/logs"
+    echo "budget_pct,variant,rep,limit_bytes,tg_ts,pp_ts,read_bytes,max_usage,resident_pct,guanaco_read_gib,guanaco_gbps,\
 miss_bytes_per_token,stall_ms_per_token,prompt_read_bytes,prompt_stall_ms_per_token,cached_before,cached_pct,rc" >"$RUNS"
+fi
 
 # ---- the model's split: one lazy load that evaluates a single token ----
 probe_log="$OUT/logs/probe.err"
-GUANACO_STREAMING=1 "$BIN/llama-bench" -m "$MODEL" -p 1 -n 0 -r 1 -t "$THREADS" --no-warmup -o csv \
-    >/dev/null 2>"$probe_log" || die "cannot load $MODEL: $(tail -3 "$probe_log")"
+if [ "${REPORT_ONLY:-0}" != 1 ]; then
+    GUANACO_STREAMING=1 "$BIN/llama-bench" -m "$MODEL" -p 1 -n 0 -r 1 -t "$THREADS" --no-warmup -o csv \
+        >/dev/null 2>"$probe_log" || die "cannot load $MODEL: $(tail -3 "$probe_log")"
+fi
 EXPERT_BYTES=$(grep -o 'streaming [0-9]* expert tensors ([0-9.]* GiB' "$probe_log" |
     awk '{ gsub(/\(/, "", $5); printf "%.0f", $5 * 1073741824 }')
 [ -n "$EXPERT_BYTES" ] || die "no expert tensors in $MODEL"
@@ -165,7 +177,12 @@ measure_fio() { # measure_fio NAME: prints GB/s
         >"$OUT/logs/$1.json"
     jq '.jobs[0].read.bw_bytes / 1e9' "$OUT/logs/$1.json"
 }
-FIO_BEFORE=$(measure_fio fio-before)
+fio_of() { jq '.jobs[0].read.bw_bytes / 1e9' "$OUT/logs/$1.json" 2>/dev/null || echo 0; }
+if [ "${REPORT_ONLY:-0}" = 1 ]; then
+    FIO_BEFORE=$(fio_of fio-before)
+else
+    FIO_BEFORE=$(measure_fio fio-before)
+fi
 FIO_GBPS=$FIO_BEFORE
 
 MACHINE="$(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), \
@@ -178,6 +195,22 @@ READAHEAD=$(cat "/sys/dev/block/$DEVNUM/queue/read_ahead_kb" 2>/dev/null ||
     cat "/sys/dev/block/$DEVNUM/../queue/read_ahead_kb" 2>/dev/null || echo "?")
 
 model_cached() { fincore --bytes --noheadings --output RES "$MODEL" | tr -d ' '; }
+
+# prompt_columns ERR: "bytes stall_ms_per_token" of the measured prompt, from a run's status lines, or nothing.
+# llama-bench prints one status line per ubatch, in this order: the warmup prompt's k = ceil(PROMPT / UBATCH)
+# lines, the measured prompt's k, then (with TOKENS > 0) the decode warmup's one and the measured decode's TOKENS.
+# A line counts the tokens that reached the last MoE layer, which keeps only the rows that give logits (one in a
+# prompt's last ubatch), so the lines are told apart by position, and only when there are exactly that many.
+# Stall per prompt token: each line's stall per token times its tokens, over PROMPT.
+prompt_columns() {
+    grep -h 'guanaco: status at token' "$1" |
+        sed -n 's/.*status at token [0-9]*: \([0-9]*\) tokens,.* \([0-9.]*\) GiB read at.*stall \([0-9.]*\) ms\/token.*/\1 \2 \3/p' |
+        awk -v p="$PROMPT" -v ub="$UBATCH" -v tg="$TOKENS" '{ n++; t[n] = $1; g[n] = $2; s[n] = $3 }
+            END { k = int((p + ub - 1) / ub); after = tg > 0 ? tg + 1 : 0
+                  if (n != 2 * k + after) exit
+                  for (i = k + 1; i <= 2 * k; i++) { gib += g[i]; st += s[i] * t[i] }
+                  printf "%.0f %.1f\n", gib * 1073741824, st / p }' || true
+}
 
 # ---- one run ----
 # run BUDGET VARIANT REP: appends one row to runs.csv
@@ -261,16 +294,8 @@ run() {
         sed -n 's/.* \([0-9.]*\) GiB read at.*/\1/p' | awk '{ s += $1; n++ } END { if (n) printf "%.0f", s * 1073741824 / n }' || true)
     stall=$(grep -h 'guanaco: status at token' "$err" | grep ': 1 tokens,' | tail -n "$TOKENS" |
         sed -n 's/.*stall \([0-9.]*\) ms\/token.*/\1/p' | awk '{ s += $1; n++ } END { if (n) printf "%.1f", s / n }' || true)
-    # the measured prompt: the last ceil(PROMPT / UBATCH) multi-token status lines (one per ubatch; the warmup
-    # prompt's lines come before them, the decode's are one-token lines), kept only when they add up to
-    # exactly PROMPT tokens; a one-token prompt cannot be told from decode and stays empty
     if [ "$PROMPT" -gt 1 ]; then
-        read -r pbytes pstall <<<"$(grep -h 'guanaco: status at token' "$err" |
-            sed -n 's/.*status at token [0-9]*: \([0-9]*\) tokens,.* \([0-9.]*\) GiB read at.*stall \([0-9.]*\) ms\/token.*/\1 \2 \3/p' |
-            awk -v p="$PROMPT" -v ub="$UBATCH" '$1 > 1 { n++; t[n] = $1; g[n] = $2; s[n] = $3 }
-                END { k = int((p + ub - 1) / ub); if (n < k) exit
-                      for (i = n - k + 1; i <= n; i++) { tok += t[i]; gib += g[i]; st += s[i] * t[i] }
-                      if (tok == p) printf "%.0f %.1f\n", gib * 1073741824, st / p }' || true)"
+        read -r pbytes pstall <<<"$(prompt_columns "$err")"
     fi
     echo "$budget,$variant,$rep,$limit,${tg:-},${pp:-},${read_bytes:-},${max_usage:-},${resident:-},${gib:-},${gbps:-},\
 ${miss:-},${stall:-},${pbytes:-},${pstall:-},$cached,$cached_pct,$rc" >>"$RUNS"
@@ -288,19 +313,38 @@ want_ram=0
 if [ "$want_ram" = 1 ] && [ "$fits_in_ram" = 0 ]; then
     echo "side_by_side: ram skipped: the model + 1 GiB exceeds MemAvailable, so it cannot be held warm"
 fi
-for rep in $(seq 1 "$REPS"); do
-    if [ "$want_ram" = 1 ] && [ "$fits_in_ram" = 1 ]; then
-        run 100 ram "$rep" # warm; every run after it drops the cache again and checks that it did
-    fi
-    for budget in $BUDGETS; do
-        for variant in "${VARIANT_LIST[@]}"; do
-            [ "$variant" = ram ] && continue
-            run "$budget" "$variant" "$rep"
+if [ "${REPORT_ONLY:-0}" = 1 ]; then
+    # the prompt columns again, from each run's log (this parse may have changed since the runs)
+    {
+        IFS= read -r header
+        echo "$header"
+        while IFS=, read -r budget variant rep rest; do
+            IFS=, read -ra f <<<"$rest"
+            err="$OUT/logs/b${budget}-${variant//:/-}-r$rep.err"
+            pbytes="" pstall=""
+            if [ "$PROMPT" -gt 1 ] && [ -f "$err" ]; then
+                read -r pbytes pstall <<<"$(prompt_columns "$err")"
+            fi
+            f[10]=${pbytes:-} f[11]=${pstall:-}
+            (IFS=,; echo "$budget,$variant,$rep,${f[*]}")
+        done
+    } <"$RUNS" >"$RUNS.new"
+    mv "$RUNS.new" "$RUNS"
+    FIO_AFTER=$(fio_of fio-after)
+else
+    for rep in $(seq 1 "$REPS"); do
+        if [ "$want_ram" = 1 ] && [ "$fits_in_ram" = 1 ]; then
+            run 100 ram "$rep" # warm; every run after it drops the cache again and checks that it did
+        fi
+        for budget in $BUDGETS; do
+            for variant in "${VARIANT_LIST[@]}"; do
+                [ "$variant" = ram ] && continue
+                run "$budget" "$variant" "$rep"
+            done
         done
     done
-done
-
-FIO_AFTER=$(measure_fio fio-after)
+    FIO_AFTER=$(measure_fio fio-after)
+fi
 FIO_GBPS=$(awk -v a="$FIO_BEFORE" -v b="$FIO_AFTER" 'BEGIN { print (a > b ? a : b) }')
 echo "side_by_side: fio $FIO_BEFORE GB/s before the runs, $FIO_AFTER after: the report uses $FIO_GBPS"
 
@@ -309,6 +353,6 @@ bash "$ROOT/bench/report.sh" --runs "$RUNS" --model "$MODEL" --out "$OUT" --fio-
     --prompt "$PROMPT" --expert-bytes "$EXPERT_BYTES" --title "${TITLE:-$(basename "$MODEL")}" \
     --machine "$MACHINE" \
     --disk "$DEVICE, read-ahead $READAHEAD KiB; fio sampled $FIO_BEFORE GB/s before the runs and $FIO_AFTER after, the higher is used" --margin-mib "$MARGIN_MIB" \
-    --routing "${REPLAY:+replayed $(basename "$REPLAY")}${REPLAY:-llama-bench synthetic (random weights)}" \
+    --routing "$([ -n "$REPLAY" ] && echo "replayed $(basename "$REPLAY")" || echo "llama-bench synthetic (random weights)")" \
     ${COMPUTE_MS:+--compute-ms "$COMPUTE_MS"} --repack "$REPACK"
 echo "side_by_side: report in $OUT/report.md"
