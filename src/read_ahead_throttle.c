@@ -69,9 +69,12 @@ void guanaco_read_ahead_throttle_observe(struct guanaco_read_ahead_throttle *t, 
     }
     double value = epoch_median(t);
     double *estimate = &t->estimate[t->on];
-    /* halves: the estimate follows a change in the machine within a few epochs of that side; the side's
-       second epoch replaces its first, the warm-up */
-    *estimate = t->side_epochs[t->on] >= 2 ? 0.5 * *estimate + 0.5 * value : value;
+    /* halves: the estimate follows a change in the machine within a few epochs of that side. Until the
+       epoch after the first exploration the run is still warming (its cache filling), so there the newest
+       epoch replaces the estimate: the start side is judged by the epoch that follows the exploration,
+       the nearest in time, and any side's second epoch replaces its first. */
+    bool warming = t->side_epochs[t->on] < 2 || (t->on == t->start_on && t->epochs <= t->first_explore + 1);
+    *estimate = warming ? value : 0.5 * *estimate + 0.5 * value;
     t->side_epochs[t->on]++;
     t->in_epoch = 0;
     t->epochs++;
@@ -97,8 +100,8 @@ void guanaco_read_ahead_throttle_observe(struct guanaco_read_ahead_throttle *t, 
     bool explore = t->epochs == t->next_explore;
     t->on = explore ? !best : best;
     t->exploring = explore;
-    if (t->epochs == t->first_explore + 1 && t->side_epochs[t->start_on] == 1) {
-        t->on = t->start_on; /* its warm-up is all it has: measure it again, warm, before choosing */
+    if (t->epochs == t->first_explore + 1) {
+        t->on = t->start_on; /* measured again, beside the exploration in time, before choosing */
         t->exploring = false;
     }
 }

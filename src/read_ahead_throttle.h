@@ -19,7 +19,12 @@
  * cold (the policy and the page cache are still filling), so the side's
  * second epoch replaces it instead of averaging with it. Averaged, a cold
  * first decode epoch could keep read-ahead on for dozens of epochs whatever
- * it cost (test_predictor).
+ * it cost (test_predictor). The cache can take longer than that to fill, so
+ * the start side runs again right after the first exploration, and that
+ * epoch, the nearest in time, is what the exploration is judged against: on
+ * the model's own routing, gate was kept on after a 64-token prompt because
+ * off's first two epochs (148 ms per token) were colder than its later ones
+ * (78-83 ms), against gate's 93.
  *
  * Exploring is what a losing side costs, so it is cut twice over. An
  * exploration whose first two ubatches each take a quarter longer than the

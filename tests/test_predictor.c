@@ -712,6 +712,21 @@ static void test_throttle(void) {
     CHECK(on_count == epoch); /* epoch 2; it lost, so the next is 16 epochs later, beyond these */
     CHECK(t.explorations_cut == 0); /* 5% is no reason to cut one short */
 
+    /* A cache that warms for longer than one epoch (the model's own routing after a 64-token prompt): off
+       takes 200 ms at the first token, 10 ms less each token after, down to 80; read-ahead takes 93 (gate).
+       Off's first two epochs (200-130 ms) would keep read-ahead on; the epoch after the exploration, at 80,
+       keeps it off. Over llama-bench's 33 decode ubatches, only the exploration reads ahead. */
+    CHECK(init_decode_throttle(&t, true) == 0);
+    on_count = 0;
+    for (int i = 0; i < 33; i++) {
+        bool on = guanaco_read_ahead_throttle_allows(&t);
+        double off_ms = 200.0 - 10.0 * i < 80.0 ? 80.0 : 200.0 - 10.0 * i;
+        on_count += on;
+        guanaco_read_ahead_throttle_observe(&t, on, 1, (uint64_t)((on ? 93.0 : off_ms) * 1e6));
+    }
+    CHECK(!guanaco_read_ahead_throttle_prefers_on(&t) && t.estimate[0] == 80e6);
+    CHECK(on_count == epoch);
+
     /* Gate on the model's own routing lost 45% per token. The exploration is cut after two ubatches, and each
        one that loses doubles the gap: over 33 ubatches (llama-bench -n 32), 2 read ahead; over a long run, the
        loss stays under 2%. Without the cut and the wider gaps that was 8 of 33 (11%) and 1 epoch in 8. */
