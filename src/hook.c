@@ -50,7 +50,29 @@ struct guanaco_hook {
     bool read_ahead_on;         /* what the throttle said when this ubatch reached its first MoE layer */
     uint64_t ubatch_started_ns; /* then; 0 when this ubatch is not being timed */
     int ubatch_tokens;          /* its tokens then: llama.cpp's last layer keeps only the rows that give logits */
+    /* The last ubatch that passed its last MoE layer, reported to the throttle when the next one starts: its
+       read-ahead's kernel work also lands after its last MoE layer (output head, the next token's first
+       layers), where timing up to the last layer's stall missed it. */
+    bool timed_pending;
+    bool timed_on;
+    int timed_tokens;
+    uint64_t timed_started_ns, timed_moe_end_ns;
 };
+
+/*
+ * Hands the pending ubatch to the throttle, timed up to `now` (the next ubatch's first MoE layer): a whole
+ * cycle. A gap after its last MoE layer longer than the MoE part itself is idle time (a server waiting for a
+ * request, a new context), not this ubatch's cost: then only the MoE part counts. now = 0 at the end.
+ */
+static void report_timed(struct guanaco_hook *hook, uint64_t now) {
+    if (!hook->timed_pending) {
+        return;
+    }
+    hook->timed_pending = false;
+    uint64_t moe = hook->timed_moe_end_ns - hook->timed_started_ns;
+    uint64_t gap = now > hook->timed_moe_end_ns ? now - hook->timed_moe_end_ns : UINT64_MAX;
+    guanaco_engine_read_ahead_timed(hook->engine, hook->timed_tokens, hook->timed_on, gap <= moe ? moe + gap : moe);
+}
 
 /* The MoE layer of a router node, or -1. Called for every node of every graph: keep it cheap. */
 static int router_layer(const struct guanaco_engine *engine, const struct ggml_tensor *t) {
@@ -222,8 +244,10 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
                 overwrite_router_ids(hook, t, layer, k, n_tokens);
             }
             if (layer == hook->engine->first_moe_layer && hook->engine->predictor) {
+                uint64_t now = guanaco_now_ns();
+                report_timed(hook, now); /* first: it may end an epoch, and so decide this ubatch */
                 hook->read_ahead_on = guanaco_engine_read_ahead_allowed(hook->engine, n_tokens);
-                hook->ubatch_started_ns = guanaco_now_ns();
+                hook->ubatch_started_ns = now;
                 hook->ubatch_tokens = n_tokens;
             }
             err = guanaco_engine_prepare_layer(hook->engine, layer, hook->ids, (size_t)k * (size_t)n_tokens,
@@ -239,9 +263,11 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
             if (hook->engine->predictor) {
                 read_ahead(hook, t, layer, k, n_tokens);
                 if (layer == hook->engine->last_moe_layer && hook->ubatch_started_ns) {
-                    /* through the last layer's stall: the rest of the graph costs the same either way */
-                    guanaco_engine_read_ahead_timed(hook->engine, hook->ubatch_tokens, hook->read_ahead_on,
-                                                    guanaco_now_ns() - hook->ubatch_started_ns);
+                    hook->timed_pending = true;
+                    hook->timed_on = hook->read_ahead_on;
+                    hook->timed_tokens = hook->ubatch_tokens;
+                    hook->timed_started_ns = hook->ubatch_started_ns;
+                    hook->timed_moe_end_ns = guanaco_now_ns();
                     hook->ubatch_started_ns = 0;
                 }
             }
@@ -291,6 +317,7 @@ void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_d
         return;
     }
     struct guanaco_hook *hook = user_data;
+    report_timed(hook, 0); /* the context's last ubatch: its MoE part */
     atomic_fetch_sub(&hook->engine->hooks, 1);
     free(hook->ids);
     free(hook->rows_seen);
