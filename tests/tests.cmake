@@ -83,6 +83,8 @@ set_property(TEST tracegen APPEND PROPERTY ENVIRONMENT
 # guanaco-plan on tiny synthetic models: a monotone table under the optimum, the --ram budget by the
 # engine's own rule, measured disk and estimated compute labelled, clean failures.
 guanaco_script_test(plan test_plan.sh)
+# The README's first two commands, as a user runs them from a clone.
+guanaco_script_test(readme_commands test_readme_commands.sh)
 set_property(TEST plan APPEND PROPERTY ENVIRONMENT
     "PLAN=$<TARGET_FILE:guanaco-plan>" "TRACEGEN=$<TARGET_FILE:guanaco-tracegen>")
 
