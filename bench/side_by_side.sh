@@ -175,7 +175,7 @@ measure_fio() { # measure_fio NAME: prints GB/s
     fio --name=guanaco-reads --filename="$MODEL" --allow_file_create=0 --rw=randread --bs=1m --direct=1 \
         --ioengine=io_uring --iodepth=16 --time_based --ramp_time=1 --runtime=8 --output-format=json \
         >"$OUT/logs/$1.json"
-    jq '.jobs[0].read.bw_bytes / 1e9' "$OUT/logs/$1.json"
+    fio_of "$1"
 }
 fio_of() { jq '.jobs[0].read.bw_bytes / 1e9' "$OUT/logs/$1.json" 2>/dev/null || echo 0; }
 if [ "${REPORT_ONLY:-0}" = 1 ]; then

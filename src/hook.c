@@ -50,13 +50,10 @@ struct guanaco_hook {
     bool read_ahead_on;         /* what the throttle said when this ubatch reached its first MoE layer */
     uint64_t ubatch_started_ns; /* then; 0 when this ubatch is not being timed */
     int ubatch_tokens;          /* its tokens then: llama.cpp's last layer keeps only the rows that give logits */
-    /* The last ubatch that passed its last MoE layer, reported to the throttle when the next one starts: its
-       read-ahead's kernel work also lands after its last MoE layer (output head, the next token's first
-       layers), where timing up to the last layer's stall missed it. */
-    bool timed_pending;
-    bool timed_on;
-    int timed_tokens;
-    uint64_t timed_started_ns, timed_moe_end_ns;
+    /* When this ubatch passed its last MoE layer; 0 before. It is reported to the throttle when the next one
+       starts: its read-ahead's kernel work also lands after its last MoE layer (output head, the next token's
+       first layers), where timing up to the last layer's stall missed it. */
+    uint64_t ubatch_moe_end_ns;
 };
 
 /*
@@ -65,13 +62,14 @@ struct guanaco_hook {
  * request, a new context), not this ubatch's cost: then only the MoE part counts. now = 0 at the end.
  */
 static void report_timed(struct guanaco_hook *hook, uint64_t now) {
-    if (!hook->timed_pending) {
+    if (!hook->ubatch_moe_end_ns) {
         return;
     }
-    hook->timed_pending = false;
-    uint64_t moe = hook->timed_moe_end_ns - hook->timed_started_ns;
-    uint64_t gap = now > hook->timed_moe_end_ns ? now - hook->timed_moe_end_ns : UINT64_MAX;
-    guanaco_engine_read_ahead_timed(hook->engine, hook->timed_tokens, hook->timed_on, gap <= moe ? moe + gap : moe);
+    uint64_t moe = hook->ubatch_moe_end_ns - hook->ubatch_started_ns;
+    uint64_t gap = now > hook->ubatch_moe_end_ns ? now - hook->ubatch_moe_end_ns : UINT64_MAX;
+    guanaco_engine_read_ahead_timed(hook->engine, hook->ubatch_tokens, hook->read_ahead_on, gap <= moe ? moe + gap : moe);
+    hook->ubatch_moe_end_ns = 0;
+    hook->ubatch_started_ns = 0;
 }
 
 /* The MoE layer of a router node, or -1. Called for every node of every graph: keep it cheap. */
@@ -262,13 +260,8 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
             }
             if (hook->engine->predictor) {
                 read_ahead(hook, t, layer, k, n_tokens);
-                if (layer == hook->engine->last_moe_layer && hook->ubatch_started_ns) {
-                    hook->timed_pending = true;
-                    hook->timed_on = hook->read_ahead_on;
-                    hook->timed_tokens = hook->ubatch_tokens;
-                    hook->timed_started_ns = hook->ubatch_started_ns;
-                    hook->timed_moe_end_ns = guanaco_now_ns();
-                    hook->ubatch_started_ns = 0;
+                if (layer == hook->engine->last_moe_layer && hook->ubatch_started_ns && !hook->ubatch_moe_end_ns) {
+                    hook->ubatch_moe_end_ns = guanaco_now_ns();
                 }
             }
             guanaco_engine_count_routing(hook->engine, layer, hook->ids, k, n_tokens);

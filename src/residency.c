@@ -1230,20 +1230,9 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
     /* A failed expert's other pieces were issued as WILLNEED and may still be reading: their pages stay locked
        until the disk answers, and the drop that follows the failure skips locked pages, which then stay cached
        beyond the budget. Mapping them waits for those reads (its own error does not matter: the drop follows). */
-    for (size_t q = 0; first_error && !direct && q < n_requests; q++) {
-        const struct guanaco_io_request *req = &r->requests[q];
-        if (req->result == 0 && req->length && !req->destination && r->missing_error[r->request_missing[q]]) {
-            const struct tensor *t = NULL;
-            for (uint32_t k = 0; k < l->n_tensors && !t; k++) {
-                const struct tensor *c = &r->tensors[l->first_tensor + k];
-                t = c->fd == req->fd && req->offset >= c->begin && req->offset < c->begin + c->stride * r->n_expert
-                        ? c
-                        : NULL;
-            }
-            if (t) {
-                uint64_t from = page_down(r, req->offset), to = page_up(r, req->offset + req->length);
-                (void)populate(r, address_of(t, from), to - from);
-            }
+    for (size_t i = 0; first_error && !direct && i < n; i++) {
+        if (r->missing_error[i]) {
+            (void)populate_slices(r, l, r->missing[i], false);
         }
     }
     for (size_t i = 0; i < n; i++) {
