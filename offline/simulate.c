@@ -3,8 +3,10 @@
  * what the live engine would read and evict. It drives the policy exactly as
  * the engine does (access, then evict protecting the layer), so simulated hit
  * rates are the engine's. The pipeline replay adds the engine's read-ahead
- * (predictor, prompt rule, allowance) and the timing model of simulate.h, so
- * guanaco-sim and guanaco-plan estimate time with one rule.
+ * (predictor, prompt rule, allowance), its streamed prompts (prompt-sized
+ * calls the policy hears only the hits of) and the timing model of
+ * simulate.h, with the kernel's CPU for reads and drops where the caller
+ * gives it, so guanaco-sim and guanaco-plan estimate time with one rule.
  */
 #include "simulate.h"
 #include "budget.h"
@@ -150,9 +152,13 @@ void guanaco_pipeline_layer_time(const struct guanaco_layer_reads *reads, double
     }
     double used = (double)(reads->ahead_used_bytes < reads->ahead_bytes ? reads->ahead_used_bytes : reads->ahead_bytes);
     double waited_bytes = (double)reads->demand_bytes + undone * used;
-    out->stall_seconds = waited_bytes / bytes_per_second;
-    out->overlapped_seconds = reads->compute_seconds + out->stall_seconds;
-    out->serial_seconds = reads->compute_seconds + ((double)reads->demand_bytes + used) / bytes_per_second;
+    double waited_seconds = waited_bytes / bytes_per_second;
+    /* the previous call's drops run on the calling thread while this call's reads are on the disk */
+    out->stall_seconds = (waited_seconds > reads->drop_seconds ? waited_seconds : reads->drop_seconds) +
+                         reads->drop_serial_seconds;
+    double compute = reads->compute_seconds + reads->kernel_seconds;
+    out->overlapped_seconds = compute + out->stall_seconds;
+    out->serial_seconds = compute + ((double)reads->demand_bytes + used) / bytes_per_second;
     out->hidden_bytes = used * (1 - undone);
 }
 
@@ -164,6 +170,8 @@ struct pipeline_ahead {
     double window_seconds;   /* the issuing request's compute */
     size_t n;                /* experts read ahead: ahead_experts[0..n) */
     uint64_t bytes;
+    double kernel_seconds;   /* the CPU its reads take from compute (4 KiB folios; 0 when streamed) */
+    bool streamed;           /* read in 2 MiB folios, whose drop is not charged */
 };
 
 struct pipeline_run {
@@ -173,19 +181,25 @@ struct pipeline_run {
     struct guanaco_policy *policy;
     struct guanaco_predictor *predictor;
     uint64_t budget;
-    uint32_t n_moe_layers;
-    uint32_t *missing, *victim_layers, *victim_experts, *guess;
+    uint32_t n_moe_layers, last_moe_layer;
+    uint32_t *missing, *hits, *victim_layers, *victim_experts, *guess;
     uint32_t *ahead_experts;
     uint8_t *ahead_mark;     /* per expert of the pending layer: 1 = read ahead */
     size_t n_slots;
     struct pipeline_ahead ahead;
+    bool *stream_ahead;      /* n_layer: the layer was read ahead as a streamed one, so its next call streams */
+    uint64_t pending_drop_bytes; /* victims (4 KiB folios) whose pages the next call drops while it reads */
 };
 
-static int pipeline_evict(struct pipeline_run *run, uint32_t protect_layer, uint64_t *evictions) {
+static int pipeline_evict(struct pipeline_run *run, uint32_t protect_layer, uint64_t *evictions,
+                          uint64_t *victim_bytes) {
     size_t n_victims = 0;
     int err = guanaco_policy_evict(run->policy, protect_layer, run->victim_layers, run->victim_experts, run->n_slots,
                                    &n_victims);
     *evictions += n_victims;
+    for (size_t i = 0; i < n_victims; i++) {
+        *victim_bytes += run->trace->expert_bytes[run->victim_layers[i]];
+    }
     return err;
 }
 
@@ -241,8 +255,13 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
     if (wanted == 0) {
         return 0;
     }
+    /* the engine's prefetch: a read-ahead of half the layer or more streams, and so will the layer's call */
+    const bool streamed = run->config->stream_prompts && wanted * 2 >= trace->n_expert;
+    if (streamed) {
+        run->stream_ahead[next] = true;
+    }
     guanaco_policy_set_reserve(run->policy, wanted * expert_bytes);
-    int err = pipeline_evict(run, layer, evictions);
+    int err = pipeline_evict(run, layer, evictions, &run->pending_drop_bytes);
     uint64_t used = guanaco_policy_resident_bytes(run->policy);
     size_t fits = used < run->budget ? (size_t)((run->budget - used) / expert_bytes) : 0;
     wanted = fits < wanted ? fits : wanted;
@@ -250,6 +269,11 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
     run->ahead = (struct pipeline_ahead){.active = wanted > 0, .layer = next, .pass = trace->request_token[r],
                                          .window_seconds = compute_seconds, .n = wanted,
                                          .bytes = wanted * expert_bytes};
+    run->ahead.streamed = streamed;
+    if (!streamed) {
+        uint32_t cores = run->config->cpu_cores ? run->config->cpu_cores : 1;
+        run->ahead.kernel_seconds = (double)run->ahead.bytes * run->config->read_cpu_seconds_per_byte / cores;
+    }
     return err;
 }
 
@@ -259,6 +283,8 @@ static void add_time(struct guanaco_pipeline_phase *phase, const struct guanaco_
     phase->overlapped_seconds += time->overlapped_seconds;
     phase->stall_seconds += time->stall_seconds;
     phase->compute_seconds += reads->compute_seconds;
+    phase->kernel_seconds += reads->kernel_seconds;
+    phase->drop_seconds += reads->drop_seconds + reads->drop_serial_seconds;
     phase->demand_bytes += reads->demand_bytes;
     phase->ahead_bytes += reads->ahead_bytes;
     phase->ahead_used_bytes += reads->ahead_used_bytes;
@@ -287,7 +313,9 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
         return err;
     }
     if (!policy_config || !config || check_rows(trace, rows) != 0 || !(config->bytes_per_second > 0) ||
-        !(config->token_seconds >= 0) || !(config->prompt_token_seconds >= 0)) {
+        !(config->prompt_bytes_per_second >= 0) || !(config->token_seconds >= 0) ||
+        !(config->prompt_token_seconds >= 0) || !(config->read_cpu_seconds_per_byte >= 0) ||
+        !(config->drop_cpu_seconds_per_byte >= 0)) {
         return -EINVAL;
     }
     struct pipeline_run run = {.trace = trace, .rows = rows, .config = config, .budget = policy_config->budget_bytes};
@@ -302,6 +330,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
     for (uint32_t l = 0; l < trace->n_layer; l++) {
         moe_layer[l] = trace->expert_bytes[l] > 0;
         run.n_moe_layers += moe_layer[l];
+        run.last_moe_layer = moe_layer[l] ? l : run.last_moe_layer;
     }
     err = guanaco_policy_create(&geometry, &run.policy);
     if (err == 0) {
@@ -314,13 +343,15 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
     free(moe_layer);
     run.n_slots = (size_t)trace->n_layer * trace->n_expert;
     run.missing = malloc(trace->n_expert * sizeof(*run.missing));
+    run.hits = malloc(trace->n_expert * sizeof(*run.hits));
+    run.stream_ahead = calloc(trace->n_layer, sizeof(*run.stream_ahead));
     run.guess = malloc(trace->n_expert * sizeof(*run.guess));
     run.ahead_experts = malloc(trace->n_expert * sizeof(*run.ahead_experts));
     run.ahead_mark = calloc(trace->n_expert, 1);
     run.victim_layers = malloc(run.n_slots * sizeof(*run.victim_layers));
     run.victim_experts = malloc(run.n_slots * sizeof(*run.victim_experts));
-    if (err == 0 && (!run.missing || !run.guess || !run.ahead_experts || !run.ahead_mark || !run.victim_layers ||
-                     !run.victim_experts)) {
+    if (err == 0 && (!run.missing || !run.hits || !run.stream_ahead || !run.guess || !run.ahead_experts ||
+                     !run.ahead_mark || !run.victim_layers || !run.victim_experts)) {
         err = -ENOMEM;
     }
     if (err == 0 && preload) {
@@ -329,6 +360,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
     }
     struct guanaco_replay_stats *replay = &stats->replay;
     size_t pass_rows = 0;
+    bool pass_streamed = false;
     for (size_t r = 0; r < trace->n_requests && err == 0; r++) {
         uint32_t layer = trace->request_layer[r];
         uint64_t token = trace->request_token[r];
@@ -352,10 +384,38 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
             run.ahead_mark[run.ahead_experts[i]] = 1;
         }
         guanaco_policy_set_reserve(run.policy, 0);
+        /* the engine's call streams when it needs half of the layer or more, or its read-ahead streamed */
+        const bool stream = config->stream_prompts && (run.stream_ahead[layer] || n * 2 >= trace->n_expert);
+        run.stream_ahead[layer] = false;
+        if (new_pass) {
+            pass_streamed = false;
+        }
         size_t n_missing = 0;
-        err = guanaco_policy_access(run.policy, layer, trace->experts + start, n, token, run.missing, &n_missing);
+        uint64_t drop_bytes = run.pending_drop_bytes, victim_bytes = 0;
+        run.pending_drop_bytes = 0;
+        if (stream) {
+            /* its reads are used once: the policy hears of its hits only, and its misses are never admitted */
+            size_t n_hits = 0;
+            for (size_t i = start; i < start + n; i++) {
+                uint32_t e = trace->experts[i];
+                if (guanaco_policy_is_resident(run.policy, layer, e)) {
+                    run.hits[n_hits++] = e;
+                } else {
+                    run.missing[n_missing++] = e;
+                }
+            }
+            size_t n_admitted = 0;
+            err = guanaco_policy_access(run.policy, layer, run.hits, n_hits, token, run.guess, &n_admitted);
+            if (timed && !pass_streamed) {
+                phase->streamed_passes++;
+                pass_streamed = true;
+            }
+        } else {
+            err = guanaco_policy_access(run.policy, layer, trace->experts + start, n, token, run.missing,
+                                        &n_missing);
+        }
         if (err == 0) {
-            err = pipeline_evict(&run, layer, &replay->evictions);
+            err = pipeline_evict(&run, layer, &replay->evictions, &victim_bytes);
         }
         size_t n_used = 0;
         for (size_t i = 0; i < n_missing; i++) {
@@ -372,7 +432,24 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
             .ahead_bytes = claimed ? run.ahead.bytes : 0,
             .ahead_used_bytes = n_used * expert_bytes,
             .demand_bytes = (n_missing - n_used) * expert_bytes,
+            .kernel_seconds = run.ahead.active ? run.ahead.kernel_seconds : 0,
+            .drop_seconds = (double)drop_bytes * config->drop_cpu_seconds_per_byte,
         };
+        /* The engine drops this call's victims during the next call's reads, except the last MoE layer's, which
+           go at once (between tokens only the budget is cached); a streamed call's own misses (4 KiB folios)
+           go with the next call too. */
+        if (layer == run.last_moe_layer) {
+            reads.drop_serial_seconds = (double)victim_bytes * config->drop_cpu_seconds_per_byte;
+        } else {
+            run.pending_drop_bytes += victim_bytes;
+        }
+        if (stream) {
+            run.pending_drop_bytes += reads.demand_bytes;
+        }
+        if (run.ahead.active && !run.ahead.streamed) {
+            /* wrong guesses in 4 KiB folios: the engine drops them with the next call */
+            run.pending_drop_bytes += claimed ? run.ahead.bytes - reads.ahead_used_bytes : run.ahead.bytes;
+        }
         replay->requests++;
         replay->accesses += n;
         replay->misses += n_missing;
@@ -387,7 +464,9 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
         }
         if (timed) {
             struct guanaco_layer_time time;
-            guanaco_pipeline_layer_time(&reads, config->bytes_per_second, &time);
+            double rate = prompt && config->prompt_bytes_per_second > 0 ? config->prompt_bytes_per_second
+                                                                        : config->bytes_per_second;
+            guanaco_pipeline_layer_time(&reads, rate, &time);
             add_time(phase, &reads, &time);
             phase->ahead_bytes += dropped;
         }
@@ -399,6 +478,8 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
     guanaco_predictor_free(run.predictor);
     guanaco_policy_free(run.policy);
     free(run.missing);
+    free(run.hits);
+    free(run.stream_ahead);
     free(run.guess);
     free(run.ahead_experts);
     free(run.ahead_mark);

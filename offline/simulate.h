@@ -63,11 +63,20 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  * ahead what it expects the next MoE layer L' to need, and returns: L
  * computes while those reads run. At L' it waits only for the reads it
  * needs that are still in flight, plus its own misses that were not read
- * ahead. The model of one layer, with B the disk bandwidth:
+ * ahead. The model of one layer, with B the disk bandwidth of its phase
+ * (decode or prompt: the engine's reads run at different rates for a few
+ * experts per call and for a whole layer, so the caller may give two):
  *
  *   window  = the compute time of the layer that issued the read-ahead (0: none)
  *   undone  = max(0, ahead / B - window) / (ahead / B)   the share of the read-ahead not yet read
- *   stall   = (demand + undone * ahead_used) / B          what the layer still waits for
+ *   waited  = (demand + undone * ahead_used) / B          the reads the layer still waits for
+ *   stall   = max(waited, drop) + drop_serial             drop: CPU time of dropping the pages of the
+ *                                                          previous call's victims, which the engine does
+ *                                                          while this call's reads run; drop_serial: the
+ *                                                          last MoE layer's own victims, dropped at once
+ *   compute = its share of the compute + kernel          kernel: CPU time of the read-ahead issued at the
+ *                                                          previous layer in 4 KiB folios, taken from the
+ *                                                          cores compute runs on (read CPU / cores)
  *   overlapped time = stall + compute
  *   serial time     = (demand + ahead_used) / B + compute (the same layer without read-ahead)
  *
@@ -75,11 +84,29 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  * issuing layer, reads) when the two computes are equal, and a layer with no
  * read-ahead takes their sum. Read-ahead still in flight is assumed to be
  * needed in proportion (ahead_used / ahead); wrong guesses cost disk time
- * inside the window, never a stall of their own. Compute is spread evenly
- * over the MoE layers: a pass of n tokens costs n * (compute per token) /
- * (MoE layers) per layer. What this leaves out: the CPU the kernel spends on
- * reads (it slows compute on few cores), mapping and eviction time, and a
- * disk slower than B at the engine's request sizes.
+ * inside the window and their kernel CPU, never a stall of their own.
+ * Compute is spread evenly over the MoE layers: a pass of n tokens costs
+ * n * (compute per token) / (MoE layers) per layer.
+ *
+ * Streamed prompts (the engine's --guanaco-stream-prompts, on by default):
+ * a call that needs half of its layer's experts or more, or whose layer was
+ * read ahead that way, uses its reads once. The policy hears of its hits
+ * only, so its misses are never admitted and the resident set stays what
+ * decoding chose, minus what the read-ahead evicted to make room for the
+ * whole layer. Streamed read-ahead goes through 2 MiB folios, whose kernel
+ * CPU is about 20x less than 4 KiB folios' (bench/PIPELINE.md), so it is not
+ * charged; a streamed call's own misses (4 KiB folios) are charged to drop.
+ *
+ * The CPU costs are per byte in 4 KiB folios, measured with /proc/stat
+ * (bench/PIPELINE.md: WILLNEED + MADV_POPULATE_READ about 0.28 CPU-s per GB,
+ * dropping about 0.16); 0 leaves them out. What the model still leaves out:
+ * the read-ahead throttle (src/read_ahead_throttle.c: decode read-ahead on
+ * or off per epoch from live timings; the replay reads ahead whenever the
+ * predictor is sure enough), the demand reads' own kernel CPU (it runs
+ * while the layer waits, so it binds only when it exceeds the disk's time),
+ * and compute under the engine being slower than warm compute for reasons
+ * other than reads (the hook's graph split per MoE layer, 4 KiB mappings
+ * against the warm page cache's large folios).
  */
 
 /* The engine's read-ahead rules are the runtime's (predictor.h: guanaco_read_ahead_is_prompt and
@@ -91,11 +118,14 @@ struct guanaco_layer_reads {
     uint64_t ahead_bytes;       /* read ahead for this layer, guessed right or wrong */
     uint64_t ahead_used_bytes;  /* of those, the bytes this layer needs (at most ahead_bytes) */
     uint64_t demand_bytes;      /* this layer's misses that were not read ahead */
+    double kernel_seconds;      /* CPU the read-ahead's kernel work took from this layer's compute; 0 = none */
+    double drop_seconds;        /* CPU time of the previous call's drops, run while this layer's reads run */
+    double drop_serial_seconds; /* CPU time of drops after this layer's reads (the last MoE layer's victims) */
 };
 
 struct guanaco_layer_time {
     double serial_seconds;      /* compute + every needed byte read after the ids arrive */
-    double overlapped_seconds;  /* compute + stall */
+    double overlapped_seconds;  /* compute + kernel + stall */
     double stall_seconds;
     double hidden_bytes;        /* needed bytes read ahead and done before the layer started */
 };
@@ -115,7 +145,13 @@ struct guanaco_request_rows {
 struct guanaco_pipeline_config {
     enum guanaco_predictor_kind predictor; /* NONE: nothing is read ahead (--guanaco-prefetch none) */
     double pilot_mass, pilot_half_life;    /* 0 = the predictor's defaults */
-    double bytes_per_second;               /* disk read bandwidth, > 0 */
+    double bytes_per_second;               /* disk read bandwidth, > 0 (decode passes; prompt passes too unless
+                                              prompt_bytes_per_second is given) */
+    double prompt_bytes_per_second;        /* disk read bandwidth of prompt passes; 0 = bytes_per_second */
+    bool stream_prompts;                   /* --guanaco-stream-prompts: prompt-sized calls are not admitted */
+    double read_cpu_seconds_per_byte;      /* kernel CPU to read a byte ahead into 4 KiB folios; 0 = free */
+    double drop_cpu_seconds_per_byte;      /* kernel CPU to drop a byte of 4 KiB folios; 0 = free */
+    uint32_t cpu_cores;                    /* cores compute runs on, which read-ahead's kernel CPU shares; 0 = 1 */
     double token_seconds;                  /* compute of one decode token (a pass of one token), >= 0 */
     double prompt_token_seconds;           /* compute of one token of a pass of several tokens, >= 0 */
 };
@@ -124,7 +160,9 @@ struct guanaco_pipeline_config {
 struct guanaco_pipeline_phase {
     uint64_t passes, tokens;               /* timed ones */
     double serial_seconds, overlapped_seconds, stall_seconds, compute_seconds;
+    double kernel_seconds, drop_seconds;   /* the CPU charges above, summed (drop: all of it, hidden or not) */
     uint64_t demand_bytes, ahead_bytes, ahead_used_bytes;
+    uint64_t streamed_passes;              /* timed passes with at least one streamed call */
     double hidden_bytes;
 };
 
@@ -146,7 +184,9 @@ struct guanaco_pipeline_stats {
  * GUANACO_READ_AHEAD_SURE_PROBABILITY likely); the guesses not resident are
  * read ahead within half the budget, the policy making room as the engine's
  * does (guanaco_policy_set_reserve, never evicting this layer). Read-ahead
- * that the next request does not use is counted as read and dropped.
+ * that the next request does not use is counted as read and dropped. With
+ * stream_prompts a request streams as the engine's call does (above): the
+ * policy is given only its resident experts.
  * 0, -EINVAL (bad trace, rows or config), -E2BIG (predictor too large) or -ENOMEM.
  */
 int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const struct guanaco_request_rows *rows,

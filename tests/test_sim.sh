@@ -11,7 +11,11 @@
 # previous layer's than where it does not. The pipeline's timing: on traces
 # whose times are worked out by hand, a layer read ahead in full takes
 # max(compute, reads), one with nothing read ahead their sum, and a prompt
-# ubatch reads the whole next layer ahead.
+# ubatch reads the whole next layer ahead; a streamed prompt leaves nothing
+# resident (with --stream-prompts off a second prompt only computes); a
+# prompt is timed at --prompt-disk-gbps; a victim's drop (--drop-cpu-s-per-gb)
+# hides under the next call's reads where shorter, and read-ahead's kernel CPU
+# (--read-cpu-s-per-gb over --cpu-cores) slows the compute it overlaps.
 # Env: SIM, TRACE_CONVERT, SHARED_DIR, WORKDIR; TRACEGEN for the synthetic predictor checks.
 set -u
 : "${SIM:?}" "${TRACE_CONVERT:?}" "${WORKDIR:?}"
@@ -201,8 +205,55 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
     echo "$pout" | awk '$1 == "layer-lru" && $3 == "decode" && $5 == 8 { ok = 1 } $3 == "prompt" { bad = 1 }
         END { exit !(ok && !bad) }'
     check "without --ubatches every token is its own pass: 8 decode tokens, no prompt" $? "$pout"
+
+    # Streamed prompts (--stream-prompts, on by default as in the engine): a call that needs half of its layer
+    # or more uses its reads once, so the policy never admits them. Two prompt ubatches of the same 8 rows in
+    # one sequence, the first a warmup; budget 8e holds the whole model (32 experts). No predictor, so every
+    # read is demand: 8E at 1044480 B/s = 100 ms per layer, compute 50 ms per layer (25 ms x 8 tokens / 4).
+    awk 'BEGIN { for (u = 0; u < 2; u++) for (l = 0; l < 4; l++) for (r = 0; r < 8; r++) print 0, 8 * u + r, l, r, (r + 1) % 8 }' |
+        write_trace "$W/prompt2.trace"
+    check "two-prompt trace written" $? ""
+    twice="--model $W/tiny.gguf --budgets 8e --policies layer-lru --compute-ms 1000 --prompt-compute-ms 25 --ubatches --warmup 1"
+    pout=$("$SIM" --trace "$W/prompt2.trace" $twice --disk-gbps 0.00104448 2>&1)
+    [ "$(overlap_of "$pout" prompt)" = "13.33 13.33" ]
+    check "streamed prompt: nothing admitted, the second prompt reads every layer again, 4 * (100 + 50) ms" $? "$pout"
+    echo "$pout" | awk '$1 == "layer-lru" && $3 == "prompt" && $NF == 1 { ok = 1 } END { exit !ok }'
+    check "streamed prompt: the timed pass is counted as streamed" $? "$pout"
+    pout=$("$SIM" --trace "$W/prompt2.trace" $twice --disk-gbps 0.00104448 --stream-prompts off 2>&1)
+    [ "$(overlap_of "$pout" prompt)" = "40.00 40.00" ]
+    check "--stream-prompts off: the first prompt's reads stay, the second only computes, 4 * 50 ms" $? "$pout"
+    # A disk rate for prompts: decode's is half of it, and the prompt is timed with its own.
+    pout=$("$SIM" --trace "$W/prompt2.trace" $twice --disk-gbps 0.00052224 --prompt-disk-gbps 0.00104448 2>&1)
+    [ "$(overlap_of "$pout" prompt)" = "13.33 13.33" ]
+    check "--prompt-disk-gbps times the prompt's reads, 4 * (100 + 50) ms" $? "$pout"
+    pout=$("$SIM" --trace "$W/prompt2.trace" $twice --disk-gbps 0.00052224 2>&1)
+    [ "$(overlap_of "$pout" prompt)" = "8.00 8.00" ]
+    check "without it the prompt reads at --disk-gbps, 4 * (200 + 50) ms" $? "$pout"
+
+    # The kernel's CPU. Budget of 2 experts, no predictor: every call misses its 2 experts (100 ms) and evicts
+    # the previous layer's 2 (victims 2E = 26112 B). The engine drops them during the next call's reads, so a
+    # layer waits max(100, D); the last MoE layer drops its own at once, + D. Layer 0 finds nothing pending.
+    # Per token: 4 * 50 + 100 + 3 * max(100, D) + D.
+    drops="--model $W/tiny.gguf --budgets 26112 --policies layer-lru --disk-gbps 0.00026112 --warmup 1 --compute-ms 200"
+    for case in "1914.83 50" "5744.49 150"; do
+        read -r per_gb d <<<"$case"
+        pout=$("$SIM" --trace "$W/decode.trace" $drops --drop-cpu-s-per-gb "$per_gb" 2>&1)
+        got=$(overlap_of "$pout" decode | cut -d' ' -f2)
+        want=$(awk -v d="$d" 'BEGIN { printf "%.2f", 1000 / (200 + 100 + 3 * (d > 100 ? d : 100) + d) }')
+        [ -n "$got" ] && [ "$got" = "$want" ]
+        check "--drop-cpu-s-per-gb: drop of $d ms per call hidden under reads where shorter, last layer's at once" $? \
+            "got '$got', want '$want'; $pout"
+    done
+    # Read-ahead's kernel CPU: every read guessed right (budget 1e, pilot) at 200 ms per token, 450 ms as above,
+    # plus, for each of layers 1-3, 2E read ahead at X CPU-s per GB over 2 cores: X = 3829.66 is 50 ms each.
+    pout=$("$SIM" --trace "$W/decode.trace" $timing --compute-ms 200 --predictor pilot --read-cpu-s-per-gb 3829.66 \
+        --cpu-cores 2 2>&1)
+    [ "$(overlap_of "$pout" decode | cut -d' ' -f2)" = "1.67" ]
+    check "--read-cpu-s-per-gb: read-ahead's kernel CPU slows the compute it overlaps, 450 + 3 * 50 ms" $? "$pout"
     for bad in "--warmup 1" "--prompt-compute-ms 5" "--disk-gbps 1 --compute-ms 1 --warmup -1" \
-        "--disk-gbps 1 --compute-ms 1 --prompt-compute-ms x"; do
+        "--disk-gbps 1 --compute-ms 1 --prompt-compute-ms x" "--prompt-disk-gbps 1" \
+        "--disk-gbps 1 --compute-ms 1 --prompt-disk-gbps 0" "--disk-gbps 1 --compute-ms 1 --stream-prompts maybe" \
+        "--disk-gbps 1 --compute-ms 1 --cpu-cores 0" "--disk-gbps 1 --compute-ms 1 --drop-cpu-s-per-gb -1"; do
         refused=$("$SIM" --trace "$W/prompt.trace" --model "$W/tiny.gguf" --budgets 4e $bad 2>&1)
         [ $? -eq 2 ]
         check "refused: $bad" $? "$refused"

@@ -22,7 +22,10 @@
  * serially (compute + reads, the old estimate) and as the engine's pipeline
  * runs, reads ahead overlapping compute (guanaco_simulate_pipeline in
  * offline/simulate.h, the model guanaco-plan uses too), split into decode and
- * prompt passes.
+ * prompt passes. The pipeline replay takes the engine's stream-prompts
+ * setting (on by default, as in the engine), a prompt's own disk rate, and
+ * the kernel's measured CPU per GB of 4 KiB folios read and dropped; each
+ * is an input, never fitted here (bench/SIMULATOR.md).
  */
 #include "belady.h"
 #include "manifest.h"
@@ -58,7 +61,8 @@ static void print_usage(FILE *out) {
             "                   [--budgets LIST] [--policies LIST] [--per-layer-cap N] [--csv OUT.csv]\n"
             "                   [--plot OUT.png] [--disk-gbps X --compute-ms Y [--prompt-compute-ms Z]] [--threads N]\n"
             "                   [--predictor KIND [--pilot-mass LIST] [--pilot-half-life T] [--verbose]]\n"
-            "                   [--ubatches] [--warmup N]\n"
+            "                   [--ubatches] [--warmup N] [--prompt-disk-gbps X] [--stream-prompts on|off]\n"
+            "                   [--read-cpu-s-per-gb X] [--drop-cpu-s-per-gb X] [--cpu-cores N]\n"
             "\n"
             "  --trace FILE        a routing trace (docs/TRACE.md); several are replayed back to back\n"
             "  --shape NAME        expert sizes of a named model: mixtral-8x7b (32 layers, 8 experts, top-2)\n"
@@ -86,6 +90,18 @@ static void print_usage(FILE *out) {
             "                      engine saw them. Without it every token is its own pass\n"
             "  --warmup N          the first N passes (ubatches; a decode token is one) of each sequence are\n"
             "                      replayed but not timed, like llama-bench's warmup run (default 0)\n"
+            "  --prompt-disk-gbps X  disk read speed for prompt passes (a whole layer read at once runs\n"
+            "                      faster than a decode token's few experts); default --disk-gbps\n"
+            "  --stream-prompts on|off  as the engine's --guanaco-stream-prompts (default on): a call that\n"
+            "                      needs half of its layer or more uses its reads once; the policy keeps\n"
+            "                      only its hits\n"
+            "  --read-cpu-s-per-gb X  kernel CPU seconds to read one GB ahead into 4 KiB page-cache folios\n"
+            "                      (measured: about 0.28 on the bench machine); that read-ahead slows the\n"
+            "                      compute it overlaps by X / --cpu-cores per GB. Default 0, not charged\n"
+            "  --drop-cpu-s-per-gb X  kernel CPU seconds to drop one GB of 4 KiB folios (about 0.16); the\n"
+            "                      engine drops a call's victims while the next call reads, so a layer\n"
+            "                      waits max(reads, drop). Default 0, not charged\n"
+            "  --cpu-cores N       cores compute runs on (default 1), for --read-cpu-s-per-gb\n"
             "  --threads N         replays run at once (default: the online CPUs)\n"
             "  --predictor KIND    also replay the traces through an expert predictor (%s) as the engine\n"
             "                      calls it, and report its recall, set size and precision\n"
@@ -570,11 +586,13 @@ static void print_pipeline_row(const struct sim_row *row) {
         if (ph->tokens == 0) continue;
         double per_pass = (double)ph->passes;
         double needed = (double)(ph->demand_bytes + ph->ahead_used_bytes);
-        printf("%-10s %7.2f%% %-7s %7llu %8llu %12.2f %13.2f %15.1f %13.1f %14.1f %13.1f %8.1f\n", row->name,
-               row->budget->percent, names[i], (unsigned long long)ph->passes, (unsigned long long)ph->tokens,
-               phase_rate(ph, false), phase_rate(ph, true), 1000.0 * ph->compute_seconds / per_pass,
-               1000.0 * ph->stall_seconds / per_pass, (double)ph->demand_bytes / 1e6 / per_pass,
-               (double)ph->ahead_bytes / 1e6 / per_pass, needed > 0 ? 100.0 * ph->hidden_bytes / needed : 0.0);
+        printf("%-10s %7.2f%% %-7s %7llu %8llu %12.2f %13.2f %15.1f %13.1f %14.1f %13.1f %8.1f %14.1f %12.1f %8llu\n",
+               row->name, row->budget->percent, names[i], (unsigned long long)ph->passes,
+               (unsigned long long)ph->tokens, phase_rate(ph, false), phase_rate(ph, true),
+               1000.0 * ph->compute_seconds / per_pass, 1000.0 * ph->stall_seconds / per_pass,
+               (double)ph->demand_bytes / 1e6 / per_pass, (double)ph->ahead_bytes / 1e6 / per_pass,
+               needed > 0 ? 100.0 * ph->hidden_bytes / needed : 0.0, 1000.0 * ph->kernel_seconds / per_pass,
+               1000.0 * ph->drop_seconds / per_pass, (unsigned long long)ph->streamed_passes);
     }
 }
 
@@ -594,9 +612,15 @@ static void print_pipeline_header(const struct guanaco_pipeline_config *config, 
            config->bytes_per_second / 1e9, config->token_seconds * 1e3, config->token_seconds * 1e3 / n_moe_layers,
            config->prompt_token_seconds * 1e3, ubatches ? "ubatches as recorded" : "one token per pass", warmup,
            warmup == 1 ? "" : "es");
-    printf("%-10s %8s %-7s %7s %8s %12s %13s %15s %13s %14s %13s %8s\n", "policy", "budget", "phase", "passes",
-           "tokens", "serial tok/s", "overlap tok/s", "compute ms/pass", "stall ms/pass", "demand MB/pass",
-           "ahead MB/pass", "hidden %");
+    printf("          prompt disk %.3g GB/s; streamed prompts %s; kernel CPU per GB in 4 KiB folios: read %.3g s "
+           "(over %u core%s), drop %.3g s\n",
+           (config->prompt_bytes_per_second > 0 ? config->prompt_bytes_per_second : config->bytes_per_second) / 1e9,
+           config->stream_prompts ? "on" : "off", config->read_cpu_seconds_per_byte * 1e9,
+           config->cpu_cores ? config->cpu_cores : 1, config->cpu_cores > 1 ? "s" : "",
+           config->drop_cpu_seconds_per_byte * 1e9);
+    printf("%-10s %8s %-7s %7s %8s %12s %13s %15s %13s %14s %13s %8s %14s %12s %8s\n", "policy", "budget", "phase",
+           "passes", "tokens", "serial tok/s", "overlap tok/s", "compute ms/pass", "stall ms/pass", "demand MB/pass",
+           "ahead MB/pass", "hidden %", "kernel ms/pass", "drop ms/pass", "streamed");
 }
 
 /* ---- expert prediction ---- */
@@ -767,6 +791,10 @@ struct sim_options {
     unsigned long warmup;
     double prompt_compute_ms;
     bool have_prompt_compute_ms;
+    double prompt_disk_gbps;                 /* 0 = --disk-gbps */
+    const char *stream_prompts;              /* on|off; NULL = on, the engine's default */
+    double read_cpu_s_per_gb, drop_cpu_s_per_gb;
+    unsigned long cpu_cores;
 };
 
 static int parse_positive(const char *flag, const char *text, double *out) {
@@ -797,7 +825,9 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
                                              "--budgets", "--policies", "--per-layer-cap", "--csv",
                                              "--plot",    "--disk-gbps", "--compute-ms",   "--threads",
                                              "--half-life", "--predictor", "--pilot-mass", "--pilot-half-life",
-                                             "--warmup", "--prompt-compute-ms"};
+                                             "--warmup", "--prompt-compute-ms", "--prompt-disk-gbps",
+                                             "--stream-prompts", "--read-cpu-s-per-gb", "--drop-cpu-s-per-gb",
+                                             "--cpu-cores"};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
@@ -861,6 +891,25 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         } else if (strcmp(arg, "--prompt-compute-ms") == 0) {
             if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->prompt_compute_ms) != 0) return 2;
             options->have_prompt_compute_ms = true;
+        } else if (strcmp(arg, "--prompt-disk-gbps") == 0) {
+            if (parse_positive(arg, value, &options->prompt_disk_gbps) != 0) return 2;
+        } else if (strcmp(arg, "--stream-prompts") == 0) {
+            if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0) {
+                fprintf(stderr, PROG ": --stream-prompts takes on or off, not \"%s\"\n", value);
+                return 2;
+            }
+            options->stream_prompts = value;
+        } else if (strcmp(arg, "--read-cpu-s-per-gb") == 0) {
+            if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->read_cpu_s_per_gb) != 0) return 2;
+        } else if (strcmp(arg, "--drop-cpu-s-per-gb") == 0) {
+            if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->drop_cpu_s_per_gb) != 0) return 2;
+        } else if (strcmp(arg, "--cpu-cores") == 0) {
+            if (parse_whole(arg, value, 4096, &whole) != 0) return 2;
+            if (whole == 0) {
+                fprintf(stderr, PROG ": --cpu-cores needs at least 1\n");
+                return 2;
+            }
+            options->cpu_cores = whole;
         } else if (strcmp(arg, "--compute-ms") == 0) {
             char *end = NULL;
             errno = 0;
@@ -908,8 +957,11 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         fprintf(stderr, PROG ": --disk-gbps and --compute-ms go together: predicted tokens/s needs both\n");
         return 2;
     }
-    if ((options->have_prompt_compute_ms || options->warmup) && !options->have_disk_gbps) {
-        fprintf(stderr, PROG ": --prompt-compute-ms and --warmup time the replay: they need --disk-gbps and "
+    if ((options->have_prompt_compute_ms || options->warmup || options->prompt_disk_gbps > 0 ||
+         options->read_cpu_s_per_gb > 0 || options->drop_cpu_s_per_gb > 0 || options->cpu_cores) &&
+        !options->have_disk_gbps) {
+        fprintf(stderr, PROG ": --prompt-compute-ms, --prompt-disk-gbps, --warmup, --read-cpu-s-per-gb, "
+                        "--drop-cpu-s-per-gb and --cpu-cores time the replay: they need --disk-gbps and "
                         "--compute-ms\n");
         return 2;
     }
@@ -1135,6 +1187,11 @@ static struct guanaco_pipeline_config pipeline_config(const struct sim_options *
         .token_seconds = options->compute_ms / 1e3,
         .prompt_token_seconds =
             (options->have_prompt_compute_ms ? options->prompt_compute_ms : options->compute_ms) / 1e3,
+        .prompt_bytes_per_second = options->prompt_disk_gbps * 1e9,
+        .stream_prompts = !options->stream_prompts || strcmp(options->stream_prompts, "on") == 0,
+        .read_cpu_seconds_per_byte = options->read_cpu_s_per_gb / 1e9,
+        .drop_cpu_seconds_per_byte = options->drop_cpu_s_per_gb / 1e9,
+        .cpu_cores = (uint32_t)options->cpu_cores,
     };
 }
 
@@ -1248,7 +1305,9 @@ static void print_pipeline(const struct sim_options *options, const struct sim_s
         }
     }
     printf("serial = the same reads after each layer's ids arrive; compute and stall per pass are summed over its "
-           "MoE layers; hidden %% = needed bytes read ahead and done before their layer\n");
+           "MoE layers; hidden %% = needed bytes read ahead and done before their layer;\n"
+           "kernel = read-ahead's kernel CPU added to compute (beside compute ms); drop = CPU of "
+           "dropping victims (inside the stall where it outlasts the reads); streamed = passes with a streamed call\n");
 }
 
 /* Closes the CSV; 0, or -EIO after a message when anything written to it failed. */
