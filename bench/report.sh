@@ -26,6 +26,18 @@
 #                       tok/s), from the cell's medians; '-' when the Guanaco run's prompt bytes (its status
 #                       lines of the measured prompt) or a warm ram prompt rate is missing
 #   % of prompt limit   prompt tok/s / prompt limit
+#   simulated tok/s     guanaco-sim replaying the routing the cell's rep 1 recorded (bench/SIMULATOR.md), as
+#                       llama-bench ran it: --ubatches (a prompt ubatch is one pass), llama-bench's warmup
+#                       prompt and token replayed but not timed, --preload, the cell's policy, prefetch
+#                       (pilot by default, none for prefetch=none; prefetch=gate is not replayed: its guesses
+#                       need the live activations) and stream-prompts. Inputs, each measured: warm compute per
+#                       decode token (as above) and per prompt token (1000 / the warm ram prompt tok/s; without
+#                       a warm ram prompt rate no prompt is simulated), the disk rate the engine got at its own
+#                       request sizes (its status lines' GB read over read time, over the measured decode and
+#                       the measured prompt of every rep of the cell; not fio's 1 MiB QD16 rate) and the
+#                       kernel's CPU per GB of 4 KiB page-cache folios (READ_CPU_S_PER_GB, DROP_CPU_S_PER_GB,
+#                       measured with /proc/stat, bench/PIPELINE.md) over the machine's cores.
+#   sim error           (simulated - live) / live, against the median
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN="$ROOT/build/cmake/bin"
@@ -34,6 +46,12 @@ REPACK=0
 COMPUTE_MS="" MODEL=""
 WARM_PCT=99    # a ram run counts as the warm reference only from this much of the model cached at its start
 FLAG_RATIO=1.10 # outside stall above this multiple of warm compute is flagged
+UBATCH=512     # side_by_side.sh's -ub: the prompt's status lines come one per ubatch
+# Kernel CPU seconds per GB read into (WILLNEED + MADV_POPULATE_READ) and dropped from 4 KiB page-cache folios,
+# measured on the bench machine with /proc/stat over 3 alternating rounds of 2 GiB (bench/PIPELINE.md, "Why: the
+# kernel's cost per 4 KiB folio": 0.57-0.62 and 0.32-0.35 CPU-s per 2 GiB).
+READ_CPU_S_PER_GB=0.28
+DROP_CPU_S_PER_GB=0.16
 # shellcheck disable=SC2034 # --expert-bytes is accepted from side_by_side.sh; the tables do not need it
 while [ $# -gt 0 ]; do
     case $1 in
@@ -77,6 +95,78 @@ range_of() { # range_of SCALE DECIMALS MIN MAX N: " [min-max]" with more than on
     fi
 }
 
+# The disk rate the engine got, per phase, over every rep of one cell: "decode_gbps prompt_gbps" ('-' where
+# the status lines are missing or do not add up). llama-bench's order gives the lines by position: the warmup
+# prompt's k = ceil(PROMPT / UBATCH) ubatches, the measured prompt's k, the decode warmup's one, the measured
+# decode's TOKENS (older builds printed one line per multi-ubatch prompt: k = 1 is taken too). Each line
+# says "X GiB read at Y GB/s": bytes over the time its read batches took.
+engine_rates() { # engine_rates BUDGET VARIANT
+    local f
+    for f in "$OUT"/logs/b"$1"-"${2//:/-}"-r*.err; do
+        [ -f "$f" ] || continue
+        grep -h 'guanaco: status at token' "$f" |
+            sed -n 's/.*status at token [0-9]*: [0-9]* tokens,.* \([0-9.]*\) GiB read at \([0-9.]*\) GB\/s.*/\1 \2/p' |
+            awk -v p="${PROMPT:-0}" -v ub="$UBATCH" -v tg="$TOKENS" '{ n++; g[n] = $1; r[n] = $2 }
+                END { k = p > 0 ? int((p + ub - 1) / ub) : 0
+                      if (n != 2 * k + 1 + tg && k > 1 && n == 3 + tg) k = 1
+                      if (n != 2 * k + 1 + tg) exit
+                      for (i = 1; i <= n; i++) if (g[i] > 0 && r[i] > 0) {
+                          ph = i > k && i <= 2 * k ? "prompt" : i > 2 * k + 1 ? "decode" : "warmup"
+                          print ph, g[i] * 1073741824, g[i] * 1073741824 / (r[i] * 1e9) } }' || true
+    done | awk '{ b[$1] += $2; t[$1] += $3 }
+        END { d = t["decode"] > 0 ? sprintf("%.3f", b["decode"] / t["decode"] / 1e9) : "-"
+              p = t["prompt"] > 0 ? sprintf("%.3f", b["prompt"] / t["prompt"] / 1e9) : "-"
+              print d, p }'
+}
+
+# guanaco-sim's prediction for one Guanaco cell: "decode_tok_s prompt_tok_s" ('-' for what it cannot say), or
+# "gate" for prefetch=gate, which a replay cannot guess as the engine does. DECODE_GBPS and PROMPT_GBPS are
+# engine_rates' figures; PROMPT_MS the warm compute per prompt token or empty.
+simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_MS
+    local b=$1 v=$2 dgbps=$3 pgbps=$4 pms=$5 trace policy predictor=pilot stream=on setting key value
+    trace="$OUT/logs/b$b-${v//:/-}-r1.trace"
+    [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- -"; return; }
+    policy=$(cut -d: -f2 <<<"${v%%+*}:")
+    IFS=+ read -ra settings <<<"${v#*+}"
+    [ "$v" = "${v#*+}" ] && settings=()
+    for setting in "${settings[@]}"; do
+        key=${setting%%=*} value=${setting#*=}
+        case $key in
+        prefetch) predictor=$value ;;
+        stream-prompts|stream_prompts) stream=$value ;;
+        *) echo "- -"; return ;; # a setting the replay does not model
+        esac
+    done
+    [ "$predictor" = gate ] && { echo "gate"; return; }
+    local args=(--trace "$trace" --model "$model" --budgets "$b%" --policies "${policy:-layer-lru}" --preload
+        --ubatches --disk-gbps "$dgbps" --compute-ms "$COMPUTE_MS" --stream-prompts "$stream"
+        --read-cpu-s-per-gb "$READ_CPU_S_PER_GB" --drop-cpu-s-per-gb "$DROP_CPU_S_PER_GB" --cpu-cores "$CORES"
+        --threads 1)
+    [ "$predictor" != none ] && args+=(--predictor "$predictor")
+    [ "$pgbps" != - ] && args+=(--prompt-disk-gbps "$pgbps")
+    [ -n "$pms" ] && args+=(--prompt-compute-ms "$pms")
+    # llama-bench's warmup: one decode token, and a whole prompt (k ubatches), each its own sequence in the trace
+    local k=$(((${PROMPT:-0} + UBATCH - 1) / UBATCH)) tmp decode="-" prompt="-"
+    tmp=$(mktemp)
+    if "$BIN/guanaco-sim" "${args[@]}" --warmup 1 --csv "$tmp" >/dev/null 2>&1; then
+        decode=$(csv_field "$tmp" "${policy:-layer-lru}" decode_overlap_tokens_per_second)
+        [ "$k" = 1 ] && prompt=$(csv_field "$tmp" "${policy:-layer-lru}" prompt_overlap_tokens_per_second)
+    fi
+    if [ "$k" -gt 1 ] && "$BIN/guanaco-sim" "${args[@]}" --warmup "$k" --csv "$tmp" >/dev/null 2>&1; then
+        prompt=$(csv_field "$tmp" "${policy:-layer-lru}" prompt_overlap_tokens_per_second)
+    fi
+    rm -f "$tmp"
+    [ -z "$pms" ] && prompt="-"
+    echo "${decode:--} ${prompt:--}"
+}
+csv_field() { # csv_field CSV POLICY COLUMN: that column of the policy's row, '-' when absent or n/a
+    awk -F, -v p="$2" -v col="$3" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+        $1 == p && (col in c) { x = $c[col]; print (x == "" || x == "n/a" || x == "nan") ? "-" : x; exit }' "$1"
+}
+sim_error() { # sim_error SIMULATED LIVE: "+12%" or '-'
+    awk -v s="$1" -v t="$2" 'BEGIN { if (s == "-" || t == "-" || t + 0 <= 0) print "-"; else printf "%+.0f%%", 100 * (s - t) / t }'
+}
+
 # ---- the warm in-RAM reference ----
 read -r ram_tg ram_tmin ram_tmax ram_n <<<"$(stat_of 100 ram tg_ts warm)"
 read -r ram_pp ram_pmin ram_pmax ram_pn <<<"$(stat_of 100 ram pp_ts warm)"
@@ -96,6 +186,19 @@ variants=$(awk -F, 'NR > 1 && $2 != "ram" { if (!seen[$2]++) print $2 }' "$RUNS"
 guanaco_variants=$(tr ' ' '\n' <<<"$variants" | grep '^guanaco' | tr '\n' ' ' || true)
 model=$MODEL
 flags=""
+CORES=$(sed -n 's/^\([0-9][0-9]*\) CPUs.*/\1/p' <<<"$MACHINE")
+CORES=${CORES:-$(nproc)}
+PROMPT_MS=""
+[ "$ram_pn" != 0 ] && [ "${PROMPT:-0}" -gt 0 ] && PROMPT_MS=$(awk -v r="$ram_pp" 'BEGIN { printf "%.2f", 1000 / r }')
+# guanaco-sim per Guanaco cell, once: SIM[b/v] = "decode prompt", RATES[b/v] = "decode_gbps prompt_gbps"
+declare -A SIM RATES
+for b in $budgets; do
+    for v in $guanaco_variants; do
+        RATES[$b/$v]=$(engine_rates "$b" "$v")
+        read -r dg pg <<<"${RATES[$b/$v]}"
+        SIM[$b/$v]=$(simulate_cell "$b" "$v" "$dg" "$pg" "$PROMPT_MS")
+    done
+done
 
 {
     echo "## $TITLE"
@@ -148,13 +251,14 @@ flags=""
                     l = 1000 / (d > c ? d : c)
                     printf "%.2f %s %.2f %.0f\n", l, (d > c ? "disk" : "compute"), 1000 / (d + c), 100 * t / l }')"
             fi
-            trace=$(ls "$OUT"/logs/b"$b"-"${v//:/-}"-r1.trace 2>/dev/null || true)
-            if [ -n "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ]; then
-                policy=$(cut -d: -f2 <<<"${v%%+*}:")
-                sim=$("$BIN/guanaco-sim" --trace "$trace" --model "$model" --budgets "$b%" \
-                    --policies "${policy:-layer-lru}" --preload --disk-gbps "$FIO_GBPS" --compute-ms "$COMPUTE_MS" 2>/dev/null |
-                    awk -v p="${policy:-layer-lru}" '$1 == p { print $NF }' | head -1 || true)
-                [ -n "$sim" ] && err=$(awk -v s="$sim" -v t="$tg" 'BEGIN { printf "%+.0f%%", 100 * (s - t) / t }')
+            if [ -n "${SIM[$b/$v]:-}" ]; then
+                read -r sim _ <<<"${SIM[$b/$v]}"
+                if [ "$sim" = gate ]; then
+                    sim="- (gate)"
+                else
+                    err=$(sim_error "$sim" "$tg")
+                    sim=$(fmt 1 2 "$sim")
+                fi
             fi
             printf '| %s%% | %s | %s%s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$b" "$v" "$tg" \
                 "$(range_of 1 raw "$tmin" "$tmax" "$n")" "$ratio" "$pp" "$ttft" "$(fmt 1e9 1 "$rd")" "$(fmt 1e9 2 "$peak")" "$res" "$gbps" \
@@ -168,15 +272,18 @@ flags=""
     echo "fio bandwidth, warm in-RAM compute per token), reads and compute overlapped; bound: the longer of the two."
     echo "serial limit: 1 / (miss bytes per token / fio bandwidth + warm in-RAM compute per token), for comparison."
     echo "% of limit: decode tok/s over the (overlapped) physical limit. simulated tok/s: guanaco-sim replaying the"
-    echo "routing that run recorded (warmup included) with the same policy and budget, fio bandwidth and in-RAM"
-    echo "compute; sim error: (simulated - live) / live."
+    echo "routing rep 1 recorded, as llama-bench ran it (ubatches, warmup replayed untimed, preload, the cell's"
+    echo "policy, prefetch and stream-prompts; prefetch=gate is not replayed: its guesses need live activations),"
+    echo "with warm in-RAM compute, the disk rate the engine got in the cell's measured decode and prompt (next"
+    echo "table; not fio) and the kernel's CPU per GB of 4 KiB folios ($READ_CPU_S_PER_GB s read, $DROP_CPU_S_PER_GB s drop,"
+    echo "$CORES cores); sim error: (simulated - live) / live. bench/SIMULATOR.md has the model and its record."
 
     if [ -n "$guanaco_variants" ]; then
         echo
         echo "Compute under the engine, and the prompt (Guanaco runs):"
         echo
-        echo "| budget | variant | stall ms/token | outside stall ms/token | x warm compute | prompt MB read | prompt stall ms/token | prompt tok/s | prompt limit tok/s | % of prompt limit |"
-        echo "|---|---|---|---|---|---|---|---|---|---|"
+        echo "| budget | variant | stall ms/token | outside stall ms/token | x warm compute | prompt MB read | prompt stall ms/token | prompt tok/s | prompt limit tok/s | % of prompt limit | engine GB/s decode / prompt | simulated prompt tok/s | prompt sim error |"
+        echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         for b in $budgets; do
             for v in $guanaco_variants; do
                 read -r _ _ _ n <<<"$(stat_of "$b" "$v" tg_ts)"
@@ -197,10 +304,15 @@ flags=""
                         l = p / (d > c ? d : c)
                         printf "%.2f %s\n", l, (t == "-" ? "-" : sprintf("%.0f", 100 * t / l)) }')"
                 fi
-                printf '| %s%% | %s | %s%s | %s%s | %s | %s | %s | %s%s | %s | %s |\n' "$b" "$v" \
+                read -r dg pg <<<"${RATES[$b/$v]:-- -}"
+                read -r _ psim <<<"${SIM[$b/$v]:-- -}"
+                [ "${SIM[$b/$v]:-}" = gate ] && psim="- (gate)"
+                perr=$(sim_error "${psim%% *}" "$pp")
+                [ "${psim%% *}" != - ] && psim=$(fmt 1 2 "$psim")
+                printf '| %s%% | %s | %s%s | %s%s | %s | %s | %s | %s%s | %s | %s | %s / %s | %s | %s |\n' "$b" "$v" \
                     "$stall" "$(range_of 1 raw "$smin" "$smax" "$sn")" "$(fmt 1 1 "$out")" "$(range_of 1 1 "$omin" "$omax" "$on")" \
                     "$xc" "$(fmt 1e6 0 "$pbytes")" "$pstall" "$pp" "$([ "$pp" != - ] && range_of 1 raw "$ppmin" "$ppmax" "$ppn")" \
-                    "$plimit" "$ppct"
+                    "$plimit" "$ppct" "$dg" "$pg" "${psim:--}" "$perr"
             done
         done
         echo
@@ -210,7 +322,9 @@ flags=""
         echo "token; \"!\" above ${FLAG_RATIO}x. prompt MB read: Guanaco's bytes read over the measured prompt's status lines"
         echo "(one per ubatch of 512; '-' unless they add up to exactly the prompt). prompt limit: prompt tokens /"
         echo "max(prompt bytes / fio bandwidth, prompt tokens / warm ram prompt tok/s); '-' without the prompt's bytes or"
-        echo "a warm ram prompt rate."
+        echo "a warm ram prompt rate. engine GB/s: bytes over read time in the status lines of the measured decode and"
+        echo "the measured prompt, all reps; the simulator's disk rates. simulated prompt tok/s: the same replay's"
+        echo "measured prompt, with warm ram prompt compute ($([ -n "$PROMPT_MS" ] && echo "$PROMPT_MS ms per token" || echo "none here: not simulated"))."
         if [ -n "$flags" ]; then
             echo
             echo "**! Outside the stall exceeds warm in-RAM compute by more than $(awk -v f="$FLAG_RATIO" 'BEGIN { printf "%.0f", 100 * (f - 1) }')%:** $flags."
