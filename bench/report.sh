@@ -3,8 +3,9 @@
 # gnuplot PNG: medians and [min-max] ranges over reps, ratios against plain
 # llama.cpp at the same budget, the physical limit (overlapped, with the serial
 # one beside it), compute under the engine, the prompt's physical limit, and
-# the simulator's prediction of each Guanaco run from the routing that run
-# recorded. Called by side_by_side.sh; can be rerun by hand on an existing
+# the simulator's prediction of each Guanaco cell's decode and prompt from the
+# routing its rep 1 recorded, with the disk rates the engine got in that cell
+# (bench/SIMULATOR.md). Called by side_by_side.sh; can be rerun by hand on an existing
 # runs.csv (a column an older runs.csv lacks shows as '-').
 #
 # Definitions (side_by_side.sh's header has the measured columns):
