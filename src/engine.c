@@ -685,7 +685,7 @@ static int preload(struct guanaco_engine *engine, uint64_t budget, const struct 
                 used += w > 0 ? (size_t)w : 0;
             }
         }
-        err = guanaco_residency_prepare_layer(engine->residency, (uint32_t)layer, ids, count, 0);
+        err = guanaco_residency_preload_layer(engine->residency, (uint32_t)layer, ids, count);
         if (weights && err == 0) {
             /* the policy's counts start from the prior too, so lfu and guanaco keep the hot experts */
             for (int e = 0; e < m->n_expert; e++) {

@@ -1643,7 +1643,7 @@ static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_dis
 }
 
 static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
-                          uint64_t token) {
+                          uint64_t token, bool may_stream) {
     if (layer >= r->n_layer || (n_ids > 0 && !ids)) {
         guanaco_log_error("residency: layer %u out of range (%u layers) or no ids", layer, r->n_layer);
         return -EINVAL;
@@ -1697,7 +1697,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     int first_error = 0, pending_error = 0;
     /* A prompt's ubatch streams the layer (stream_prompts), and so does a call whose read-ahead streamed: its
        huge folios must go as whole runs. */
-    const bool stream = r->stream && (r->stream_ahead[layer] || n_distinct * 2 >= r->n_expert);
+    const bool stream = r->stream && may_stream && (r->stream_ahead[layer] || n_distinct * 2 >= r->n_expert);
     if (r->stream) {
         r->stream_ahead[layer] = false;
     }
@@ -1764,9 +1764,16 @@ int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer,
                                     uint64_t token) {
     uint64_t start = guanaco_now_ns();
     pthread_mutex_lock(&r->lock);
-    int ret = prepare_locked(r, layer, ids, n_ids, token);
+    int ret = prepare_locked(r, layer, ids, n_ids, token, true);
     r->stats.stall_ns += guanaco_now_ns() - start;
     r->stats.prefetch_outstanding_bytes = r->prefetch_outstanding;
+    pthread_mutex_unlock(&r->lock);
+    return ret;
+}
+
+int guanaco_residency_preload_layer(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids) {
+    pthread_mutex_lock(&r->lock);
+    int ret = prepare_locked(r, layer, ids, n_ids, 0, false);
     pthread_mutex_unlock(&r->lock);
     return ret;
 }

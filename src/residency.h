@@ -192,6 +192,11 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
 int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
                                     uint64_t token);
 
+/* prepare_layer at the policy's clock 0 for the preload, which never streams: what it reads stays resident even
+   when it names half of the layer or more (a budget of 50% and up), where a prompt's call would use its reads
+   once and drop them. Not counted as stall. */
+int guanaco_residency_preload_layer(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids);
+
 /*
  * Starts reading, in the background, experts of `layer` that a predictor
  * expects its next call to need (most likely first). It never waits. Each

@@ -982,6 +982,15 @@ static void test_stream_prompts(enum guanaco_io_backend io) {
         CHECK(prepare(m, r, l, decode_ids[l], 2, token + 1) == 0);
         verify(m, r, l, decode_ids[l], 2, all / 2, 0, -1);
     }
+    /* the preload names half of a layer or more at budgets of 50% and up: it keeps what it reads, where a
+       prompt's call of the same ids streams them */
+    CHECK(guanaco_residency_preload_layer(r, 0, every, N_EXPERT) == 0);
+    bool preloaded = true;
+    for (uint32_t x = 0; x < N_EXPERT; x++) {
+        preloaded = preloaded && guanaco_residency_is_resident(r, 0, x);
+    }
+    CHECK(preloaded);
+    verify(m, r, 0, every, N_EXPERT, all / 2, 0, -1);
     guanaco_residency_destroy(r);
     free_model(&sm);
 }
