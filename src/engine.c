@@ -66,7 +66,8 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      "%.2f GiB read at %.2f GB/s, stall %.1f ms/token (reads %.1f, mapping %.1f of which repacking %.1f, eviction %.1f, read-ahead "
                      "wait %.1f), %llu evictions, churn %.1f%% "
                      "(reloaded within %u tokens), read-ahead %.1f MiB issued, %.1f used, %.1f wasted, recall %.1f%%, "
-                     "hidden %.1f%% of reads, streamed %.1f MiB (%.1f via the huge mapping)%s",
+                     "hidden %.1f%% of reads, streamed %.1f MiB (%.1f via the huge mapping), loaded %.1f MiB via the huge "
+                     "mapping%s",
                      what, (unsigned long long)tokens, percent(hits, accesses), (unsigned long long)accesses,
                      percent(now->pinned_hits - before->pinned_hits, accesses), (unsigned long long)loads, gib(bytes),
                      read_ns ? (double)demand / (double)read_ns : 0.0, per_token(stall_ns, tokens),
@@ -77,7 +78,8 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      (double)issued / 1048576.0, (double)used / 1048576.0, (double)wasted / 1048576.0,
                      percent(named, checked), percent(hidden, demand + used),
                      (double)(now->streamed_bytes - before->streamed_bytes) / 1048576.0,
-                     (double)(now->streamed_huge_bytes - before->streamed_huge_bytes) / 1048576.0, tail);
+                     (double)(now->streamed_huge_bytes - before->streamed_huge_bytes) / 1048576.0,
+                     (double)(now->loaded_huge_bytes - before->loaded_huge_bytes) / 1048576.0, tail);
 }
 
 /* Every status_every tokens through the last MoE layer: the interval's line plus a RAM check by mincore. */
@@ -572,6 +574,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .prefetch_bytes = o->prefetch != GUANACO_PREDICTOR_NONE && load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE
                               ? guanaco_read_ahead_allowance(budget) : 0,
         .stream_prompts = o->stream_prompts,
+        .huge_folios = o->huge_folios,
     };
     err = guanaco_residency_create(&config, &engine->residency);
     if (err == -ENOSYS && config.io_backend == GUANACO_IO_URING) {

@@ -139,6 +139,7 @@ struct guanaco_residency_config {
        advised MADV_HUGEPAGE and unmapped once read, in 2 MiB folios.
        PAGE_CACHE loading without arenas only; elsewhere ignored. */
     bool stream_prompts;
+    bool huge_folios;               /* read 2 MiB-aligned ranges in huge folios where the kernel allows (page cache) */
 };
 
 struct guanaco_residency_stats {
@@ -165,6 +166,7 @@ struct guanaco_residency_stats {
     uint64_t prediction_checked, predicted_needed; /* distinct experts of predicted calls, and how many were named */
     uint64_t streamed_bytes;        /* loaded for a streamed call and dropped after it (inside the loads) */
     uint64_t streamed_huge_bytes;   /* read ahead for streamed calls through the MADV_HUGEPAGE mapping */
+    uint64_t loaded_huge_bytes;     /* demand loads' bytes read through the MADV_HUGEPAGE mapping */
     enum guanaco_io_backend io_backend;
     enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
 };

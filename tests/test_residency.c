@@ -883,6 +883,7 @@ static void test_stream_prompts(enum guanaco_io_backend io) {
     config.load = GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
     config.prefetch_bytes = all / 2;
     config.stream_prompts = true;
+    config.huge_folios = true;
     struct guanaco_residency *r = NULL;
     CHECK(guanaco_residency_create(&config, &r) == 0);
     if (!r) {

@@ -6,6 +6,7 @@
 #     gate_up included), both io backends and every policy;
 #   - the budget is real without any cgroup, for page-cache and direct
 #     loading (details at that check);
+#   - expert slices over 4 MiB load their 2 MiB-aligned middles in huge folios, with the same logits;
 #   - absurd budgets are refused by name.
 # Env: MKMODEL, LOGITS_DUMP, WORKDIR, VOCAB_DIR, EVICT_TOOL.
 set -u
@@ -195,6 +196,36 @@ rc=$?
     cmp -s "$W/qwen3moe.off.bin" "$W/warm.bin"
 check "warm start: cached experts adopted, nothing preloaded from disk, same logits" $? \
     "rc=$rc $(grep -E 'warm start|preload' "$W/warm.log")"
+
+# Expert slices of 4.5 MB (Mixtral's are 33 MB): demand loads read each slice's 2 MiB-aligned middle through a
+# huge mapping (--guanaco-huge-folios, on by default) and the rest the 4 KiB way; the logits are the reference's
+# either way, and the huge mapping really carried bytes where THP is not "never".
+m="$W/big-slices.gguf"
+"$MKMODEL" --arch qwen3moe --quant Q8_0 --n-layer 3 --n-embd 1024 --n-ff-exp 4096 --n-expert 8 --seed 5 -o "$m" \
+    >/dev/null 2>&1
+check "big-slice model written" $? "mkmodel failed"
+env -u GUANACO_STREAMING GUANACO_REFERENCE=1 "$LOGITS_DUMP" "$m" "$W/big.off.bin" --gen-tokens 8 >"$W/big.off.log" 2>&1
+check "big slices: off --guanaco-reference" $? "$(tail -2 "$W/big.off.log")"
+env -u GUANACO_STREAMING -u GUANACO_REFERENCE "$LOGITS_DUMP" "$m" "$W/big.default.bin" --gen-tokens 8 >"$W/big.default.log" 2>&1
+check "big slices: plain default" $? "$(tail -2 "$W/big.default.log")"
+thp=$(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo "[never]")
+for huge in on off; do
+    [ -n "${EVICT_TOOL:-}" ] && "$EVICT_TOOL" "$m" >/dev/null
+    GUANACO_STREAMING=1 GUANACO_RAM=40M GUANACO_HUGE_FOLIOS=$huge GUANACO_STATUS_EVERY=1 "$LOGITS_DUMP" "$m" \
+        "$W/big.$huge.bin" --gen-tokens 8 >"$W/big.$huge.log" 2>&1
+    rc=$?
+    loaded=$(grep 'guanaco: residency: [0-9]' "$W/big.$huge.log" | grep -o 'loaded [0-9.]* MiB via the huge mapping' |
+        awk '{ print $2 }')
+    ref=off
+    grep -q "so results equal plain llama.cpp's default" "$W/big.$huge.log" && ref=default
+    want="== 0"
+    [ $huge = on ] && [ "${thp#*\[never\]}" = "$thp" ] && want="> 0"
+    [ $rc -eq 0 ] && cmp -s "$W/big.$ref.bin" "$W/big.$huge.bin" && awk -v x="${loaded:-none}" -v w="$want" \
+        'BEGIN { exit !(x != "none" && (w == "> 0" ? x > 0 : x == 0)) }'
+    check "big slices, huge folios $huge: logits equal the $ref reference, ${loaded:-?} MiB loaded via the huge mapping ($want)" \
+        $? "rc=$rc $(grep -E 'guanaco: (error|residency: [0-9])' "$W/big.$huge.log" | head -2)"
+done
+m="$W/qwen3moe-Q8_0.gguf"
 
 GUANACO_STREAMING=1 GUANACO_RAM=12Q "$LOGITS_DUMP" "$W/qwen3moe-Q8_0.gguf" "$W/bad.bin" >"$W/bad.log" 2>&1
 rc=$?
