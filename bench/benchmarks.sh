@@ -112,6 +112,7 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     echo "noise; read the ratios."
     echo
     section "$ROOT/bench/PIPELINE.md"
+    section "$ROOT/bench/SIMULATOR.md"
     section "$ROOT/bench/COMPUTE_PARITY.md"
     echo "## Simulator: hit rate against Belady's optimum"
     echo
