@@ -256,7 +256,7 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
         return 0;
     }
     /* the engine's prefetch: a read-ahead of half the layer or more streams, and so will the layer's call */
-    const bool streamed = run->config->stream_prompts && wanted * 2 >= trace->n_expert;
+    const bool streamed = run->config->stream_prompts && guanaco_streams_layer(wanted, trace->n_expert);
     if (streamed) {
         run->stream_ahead[next] = true;
     }
@@ -385,7 +385,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
         }
         guanaco_policy_set_reserve(run.policy, 0);
         /* the engine's call streams when it needs half of the layer or more, or its read-ahead streamed */
-        const bool stream = config->stream_prompts && (run.stream_ahead[layer] || n * 2 >= trace->n_expert);
+        const bool stream = config->stream_prompts && (run.stream_ahead[layer] || guanaco_streams_layer(n, trace->n_expert));
         run.stream_ahead[layer] = false;
         if (new_pass) {
             pass_streamed = false;

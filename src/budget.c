@@ -48,6 +48,10 @@ uint64_t guanaco_read_ahead_allowance(uint64_t budget_bytes) {
     return budget_bytes / 2;
 }
 
+bool guanaco_streams_layer(size_t experts, uint32_t n_expert) {
+    return experts * 2 >= n_expert;
+}
+
 uint32_t guanaco_preload_count(uint64_t budget_bytes, uint64_t total_expert_bytes, uint32_t n_expert,
                                uint32_t max_per_layer) {
     if (total_expert_bytes == 0) {

@@ -3,7 +3,8 @@
  * (the engine sizes its budget with it, and guanaco-plan reads it backwards:
  * the memory a budget needs), and how many experts of each layer the preload
  * fills it with (the engine preloads that many, the simulator replays the
- * same). budget.c says why each margin is what it is.
+ * same), the read-ahead's share, and which calls stream their layer.
+ * budget.c says why each margin is what it is.
  */
 #ifndef GUANACO_BUDGET_H
 #define GUANACO_BUDGET_H
@@ -36,6 +37,11 @@ void guanaco_auto_budget_margin_rule(bool contexts_known, char *text, size_t siz
    few experts in decode, with the other half for the layer being computed. The engine, the residency
    engine's budget changes and the simulator all take it from here. */
 uint64_t guanaco_read_ahead_allowance(uint64_t budget_bytes);
+
+/* Whether a layer's call (or its read-ahead) that needs `experts` of its n_expert streams the layer
+   (--guanaco-stream-prompts): half of them or more, a prompt's ubatch. The residency engine and the
+   simulator both ask here. */
+bool guanaco_streams_layer(size_t experts, uint32_t n_expert);
 
 /*
  * How many experts --guanaco-preload puts in each MoE layer: the layer's

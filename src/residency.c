@@ -1580,7 +1580,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         return 0;
     }
     /* A prompt's layer streams (stream_prompts): its call uses these reads once, and they come in huge folios. */
-    const bool streamed = r->stream && wanted * 2 >= r->n_expert;
+    const bool streamed = r->stream && guanaco_streams_layer(wanted, r->n_expert);
     if (streamed) {
         r->stream_ahead[layer] = true;
     }
@@ -1771,7 +1771,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     int first_error = 0, pending_error = 0;
     /* A prompt's ubatch streams the layer (stream_prompts), and so does a call whose read-ahead streamed: its
        huge folios must go as whole runs. */
-    const bool stream = r->stream && may_stream && (r->stream_ahead[layer] || n_distinct * 2 >= r->n_expert);
+    const bool stream = r->stream && may_stream && (r->stream_ahead[layer] || guanaco_streams_layer(n_distinct, r->n_expert));
     if (r->stream) {
         r->stream_ahead[layer] = false;
     }
