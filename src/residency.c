@@ -238,6 +238,33 @@ static void *map_huge(int fd, uint64_t offset, uint64_t length) {
     return map;
 }
 
+/* Whether the kernel takes MADV_HUGEPAGE on a mapping of the model file (where --guanaco-huge-folios allows):
+   a probe of one folio's range, which reads nothing. */
+static bool huge_mappings_work(const struct guanaco_residency *r, const struct guanaco_residency_config *config) {
+    if (!config->huge_folios || !r->n_shards || r->shards[0].size < (off_t)HUGE_FOLIO_BYTES) {
+        return false;
+    }
+    void *probe = map_huge(r->shards[0].fd, 0, HUGE_FOLIO_BYTES);
+    if (probe) {
+        munmap(probe, HUGE_FOLIO_BYTES);
+    }
+    return probe != NULL;
+}
+
+/* The 2 MiB-aligned middle [*begin, *end) of t's file bytes [a, b), mapped for populating in huge folios when
+   `wanted` and not empty. NULL otherwise, with *begin = *end = b: all of [a, b) then goes the 4 KiB way, as the
+   two ends always do. */
+static const char *map_huge_middle(const struct tensor *t, uint64_t a, uint64_t b, bool wanted, uint64_t *begin,
+                                   uint64_t *end) {
+    *begin = (a + HUGE_FOLIO_BYTES - 1) / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
+    *end = b / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
+    const char *huge = wanted && *begin < *end ? map_huge(t->fd, *begin, *end - *begin) : NULL;
+    if (!huge) {
+        *begin = *end = b;
+    }
+    return huge;
+}
+
 /* Called once the run's job is done (waited or cancelled): no populate can still be using the mappings. */
 static void unmap_huge(struct prefetch_run *run) {
     for (uint32_t k = 0; k < run->n_huge_maps; k++) {
@@ -714,13 +741,7 @@ static int stream_create(struct guanaco_residency *r, const struct guanaco_resid
         return -ENOMEM;
     }
     r->stream = true;
-    if (config->huge_folios && r->prefetch_allowance && r->n_shards && r->shards[0].size >= (off_t)HUGE_FOLIO_BYTES) {
-        void *probe = map_huge(r->shards[0].fd, 0, HUGE_FOLIO_BYTES); /* only asks the kernel: nothing is read */
-        if (probe) {
-            munmap(probe, HUGE_FOLIO_BYTES);
-            r->stream_huge = true;
-        }
-    }
+    r->stream_huge = r->prefetch_allowance && huge_mappings_work(r, config);
     return 0;
 }
 
@@ -736,15 +757,9 @@ static int stream_create(struct guanaco_residency *r, const struct guanaco_resid
  * neighbour can keep a folio alive, and dropping the expert drops its folios.
  */
 static int demand_huge_create(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
-    if (!config->huge_folios || r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE || !r->n_shards ||
-        r->shards[0].size < (off_t)HUGE_FOLIO_BYTES) {
+    if (r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE || !huge_mappings_work(r, config)) {
         return 0;
     }
-    void *probe = map_huge(r->shards[0].fd, 0, HUGE_FOLIO_BYTES); /* only asks the kernel: nothing is read */
-    if (!probe) {
-        return 0;
-    }
-    munmap(probe, HUGE_FOLIO_BYTES);
     size_t n = (size_t)r->n_expert * r->max_tensors_in_layer;
     r->demand_huge_maps = calloc(n ? n : 1, sizeof(*r->demand_huge_maps));
     r->demand_huge_lengths = calloc(n ? n : 1, sizeof(*r->demand_huge_lengths));
@@ -1111,19 +1126,13 @@ static size_t page_cache_requests(struct guanaco_residency *r, const struct laye
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride, b = a + t->stride;
-            /* the middle in huge folios (demand_huge_create); the two ends, under a folio each, the 4 KiB way */
-            uint64_t huge_begin = (a + HUGE_FOLIO_BYTES - 1) / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
-            uint64_t huge_end = b / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
-            const char *huge = NULL;
-            if (r->demand_huge && huge_begin < huge_end) {
-                huge = map_huge(t->fd, huge_begin, huge_end - huge_begin);
-            }
+            /* the middle in huge folios (demand_huge_create) */
+            uint64_t huge_begin, huge_end;
+            const char *huge = map_huge_middle(t, a, b, r->demand_huge, &huge_begin, &huge_end);
             if (huge) {
                 r->demand_huge_maps[r->n_demand_huge_maps] = (void *)(uintptr_t)huge;
                 r->demand_huge_lengths[r->n_demand_huge_maps++] = huge_end - huge_begin;
                 r->stats.loaded_huge_bytes += huge_end - huge_begin;
-            } else {
-                huge_begin = huge_end = b;
             }
             /* at most ceil(stride / chunk) + 2 requests, as add_layer counted: each end is under 2 MiB, and the
                middle's pieces are 8 MiB */
@@ -1625,18 +1634,12 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
-            /* a streamed run's whole 2 MiB pieces go through a huge mapping, its two ends the 4 KiB way */
-            uint64_t huge_begin = (a + HUGE_FOLIO_BYTES - 1) / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
-            uint64_t huge_end = b / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
-            const char *huge = NULL;
-            if (streamed && r->stream_huge && huge_begin < huge_end) {
-                huge = map_huge(t->fd, huge_begin, huge_end - huge_begin);
-            }
+            /* a streamed run's whole 2 MiB pieces go through a huge mapping */
+            uint64_t huge_begin, huge_end;
+            const char *huge = map_huge_middle(t, a, b, streamed && r->stream_huge, &huge_begin, &huge_end);
             if (huge) {
                 run->huge_maps[run->n_huge_maps] = (void *)(uintptr_t)huge;
                 run->huge_lengths[run->n_huge_maps++] = huge_end - huge_begin;
-            } else {
-                huge_begin = huge_end = b;
             }
             add_run_requests(r, run, t, a, huge_begin, NULL, GUANACO_IO_ADVISE_BYTES);
             add_run_requests(r, run, t, huge_begin, huge_end, huge, GUANACO_IO_POPULATE_BYTES);
