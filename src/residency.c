@@ -38,6 +38,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,6 +52,10 @@
 #define AUDIT_PAGES 4096
 /* A populate interrupted this many times in a row is reported, not retried forever. */
 #define POPULATE_RETRIES 100
+/* cachestat(2), Linux 6.5: one number on every architecture but alpha; older C library headers lack it. */
+#if !defined(SYS_cachestat) && !defined(__alpha__)
+#define SYS_cachestat 451
+#endif
 /* Pages per edge read slot: a slice with no whole page inside spans at most two. */
 #define EDGE_SLOT_PAGES 2
 /* Most bytes one read-ahead run spans in one tensor (it is cut into GUANACO_IO_ADVISE_BYTES requests). */
@@ -187,6 +192,7 @@ struct guanaco_residency {
     int policy_fault;       /* tests only: the next call's policy access fails with it (0 = none) */
     bool stale;             /* a shard changed on disk: every later call fails */
     bool populate_by_touch; /* MADV_POPULATE_READ is missing: touch one byte per page instead */
+    bool no_cachestat;      /* cachestat(2) is missing: the warm start asks mincore */
     struct guanaco_residency_stats stats;
 };
 
@@ -1879,6 +1885,45 @@ static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t 
     return true;
 }
 
+/*
+ * Whether the page cache holds every page of expert e of `layer`, read or
+ * still reading, for the warm start. cachestat counts a large folio in one
+ * step, where mincore over a range not mapped yet looks up each 4 KiB page:
+ * for a 16.6 GB model whose experts a `cat` left cached, 0.004 s against
+ * 0.35 s, which was most of a warm start's time to first token above plain
+ * llama.cpp's. A page still reading counts: adopting waits for it.
+ */
+static bool expert_in_page_cache(struct guanaco_residency *r, uint32_t layer, uint32_t e) {
+#ifdef SYS_cachestat
+    const struct layer *l = &r->layers[layer];
+    for (uint32_t k = 0; k < l->n_tensors && !r->no_cachestat; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        uint64_t a = page_down(r, t->begin + (uint64_t)e * t->stride);
+        uint64_t b = page_up(r, t->begin + (uint64_t)(e + 1) * t->stride);
+        struct {
+            uint64_t offset, length;
+        } range = {a, b - a};
+        struct {
+            uint64_t cached, dirty, writeback, evicted, recently_evicted;
+        } counts;
+        if (syscall(SYS_cachestat, t->fd, &range, &counts, 0) != 0) {
+            if (errno != ENOSYS && errno != EPERM && errno != EOPNOTSUPP) {
+                return false;
+            }
+            r->no_cachestat = true; /* an older kernel, or a sandbox that filters it */
+            break;
+        }
+        if (counts.cached < (b - a) / r->page) {
+            return false;
+        }
+    }
+    if (!r->no_cachestat) {
+        return true;
+    }
+#endif
+    return expert_cached(r, layer, e);
+}
+
 int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_layer, uint64_t *adopted) {
     *adopted = 0;
     pthread_mutex_lock(&r->lock);
@@ -1887,7 +1932,7 @@ int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_lay
         const struct layer *l = &r->layers[layer];
         size_t n = 0;
         for (uint32_t e = 0; e < r->n_expert && n < per_layer && l->n_tensors; e++) {
-            if (!guanaco_policy_is_resident(r->policy, layer, e) && expert_cached(r, layer, e) &&
+            if (!guanaco_policy_is_resident(r->policy, layer, e) && expert_in_page_cache(r, layer, e) &&
                 populate_slices(r, l, e, true) == 0) {
                 r->accessed[n++] = e;
             }
@@ -2010,6 +2055,12 @@ void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t aft
 void guanaco_residency_inject_policy_fault(struct guanaco_residency *r, int error) {
     pthread_mutex_lock(&r->lock);
     r->policy_fault = error;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void guanaco_residency_adopt_by_mincore(struct guanaco_residency *r) {
+    pthread_mutex_lock(&r->lock);
+    r->no_cachestat = true;
     pthread_mutex_unlock(&r->lock);
 }
 

@@ -257,6 +257,9 @@ void guanaco_residency_inject_io_fault(struct guanaco_residency *r, uint64_t aft
    refusal does: the policy changes nothing. 0 disarms. */
 void guanaco_residency_inject_policy_fault(struct guanaco_residency *r, int error);
 
+/* Tests only: the warm start asks mincore, as it does where cachestat(2) is missing. */
+void guanaco_residency_adopt_by_mincore(struct guanaco_residency *r);
+
 /* Frees the engine; NULL is accepted. Drops nothing: the mapping's owner unmaps it. */
 void guanaco_residency_destroy(struct guanaco_residency *r);
 

@@ -776,13 +776,17 @@ static bool experts_cached(const struct model *m, uint32_t first, uint32_t end) 
  * False when there is no engine to check (an error, or reclaim every time).
  */
 static bool warm_and_adopt(const struct model *m, const struct guanaco_residency_config *config, uint32_t first,
-                           uint32_t end, uint32_t per_layer, struct guanaco_residency **r, uint64_t *adopted) {
+                           uint32_t end, uint32_t per_layer, bool by_mincore, struct guanaco_residency **r,
+                           uint64_t *adopted) {
     for (int attempt = 1;; attempt++) {
         drop_whole_file(m);
         cache_experts(m, first, end);
         CHECK(guanaco_residency_create(config, r) == 0);
         if (!*r) {
             return false;
+        }
+        if (by_mincore) {
+            guanaco_residency_adopt_by_mincore(*r);
         }
         bool intact = experts_cached(m, first, first + per_layer); /* what adoption is to find */
         CHECK(guanaco_residency_adopt_cached(*r, per_layer, adopted) == 0);
@@ -799,12 +803,12 @@ static bool warm_and_adopt(const struct model *m, const struct guanaco_residency
     }
 }
 
-static void test_warm_start(const struct model *m, enum guanaco_io_backend io) {
+static void test_warm_start(const struct model *m, enum guanaco_io_backend io, bool by_mincore) {
     const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
     struct guanaco_residency_config config = config_of(m, all / 2, 0, GUANACO_POLICY_LAYER_LRU, io);
     struct guanaco_residency *r = NULL;
     uint64_t adopted = 0;
-    if (!warm_and_adopt(m, &config, 2, 10, 5, &r, &adopted)) {
+    if (!warm_and_adopt(m, &config, 2, 10, 5, by_mincore, &r, &adopted)) {
         return;
     }
     CHECK(adopted == 5ull * (m->n_layer - 1));
@@ -1151,7 +1155,7 @@ static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
     config.load = GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
     config.budget_bytes = all;
     uint64_t adopted = 0;
-    if (warm_and_adopt(m, &config, 0, 4, 3, &r, &adopted)) {
+    if (warm_and_adopt(m, &config, 0, 4, 3, false, &r, &adopted)) {
         CHECK(adopted == 3ull * (m->n_layer - 1));
         CHECK(guanaco_residency_drop_unaccounted(r) == 0);
         int32_t ids[3] = {0, 1, 2};
@@ -1452,7 +1456,8 @@ int main(void) {
         if (load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
             /* (DIRECT scenarios leave anonymous copies in this shared test mapping, which mincore then reports;
                a real start adopts from a fresh mapping whatever the mode) */
-            test_warm_start(&m, io);
+            test_warm_start(&m, io, false);
+            test_warm_start(&m, io, true); /* kernels before 6.5 */
         }
         if (load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
             test_arenas(&m, io);
