@@ -1907,10 +1907,9 @@ static bool expert_in_page_cache(struct guanaco_residency *r, uint32_t layer, ui
             uint64_t cached, dirty, writeback, evicted, recently_evicted;
         } counts;
         if (syscall(SYS_cachestat, t->fd, &range, &counts, 0) != 0) {
-            if (errno != ENOSYS && errno != EPERM && errno != EOPNOTSUPP) {
-                return false;
-            }
-            r->no_cachestat = true; /* an older kernel, or a sandbox that filters it */
+            /* an older kernel, a sandbox that filters it, a file system without it: never a reason to read
+               again what is cached */
+            r->no_cachestat = true;
             break;
         }
         if (counts.cached < (b - a) / r->page) {
