@@ -192,7 +192,7 @@ struct guanaco_residency {
     int policy_fault;       /* tests only: the next call's policy access fails with it (0 = none) */
     bool stale;             /* a shard changed on disk: every later call fails */
     bool populate_by_touch; /* MADV_POPULATE_READ is missing: touch one byte per page instead */
-    bool no_cachestat;      /* cachestat(2) is missing: the warm start asks mincore */
+    bool no_cachestat;      /* cachestat(2) is missing or failed once: the warm start asks mincore */
     struct guanaco_residency_stats stats;
 };
 
