@@ -3,24 +3,27 @@
 # cache (a second run, a restarted server), time to first token of Guanaco with
 # a budget against plain llama.cpp, alternating, and what each read from disk.
 #
-#   bench/warm_start.sh --model M.gguf [--ram 16G] [--reps 3] [--prompt 16]
+#   bench/warm_start.sh --model M.gguf [--ram 16G] [--reps 3] [--prompt 16] [--repack]
 #
 # Time to first token here is the wall time of `llama-bench -p PROMPT -n 1 -r 1
 # --no-warmup`: load, one prompt ubatch and one token. The model is read into
 # the page cache (cat) before every run, so both start warm; disk reads are
-# the run's read_bytes from /proc (children included). Prints one line per run
-# and the medians.
+# the run's read_bytes from /proc (children included). Both sides run with -nr
+# (nothing repacked) unless --repack: then as users run them, plain llama.cpp
+# repacking at load and Guanaco repacking the experts it adopts
+# (--guanaco-repack auto). Prints one line per run and the medians.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN="$ROOT/build/cmake/bin"
-MODEL="" RAM=16G REPS=3 PROMPT=16
+MODEL="" RAM=16G REPS=3 PROMPT=16 NO_REPACK=-nr
 while [ $# -gt 0 ]; do
     case $1 in
     --model) MODEL=$2; shift 2 ;;
     --ram) RAM=$2; shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
     --prompt) PROMPT=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --repack) NO_REPACK=""; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "warm_start: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -33,7 +36,7 @@ run() { # run NAME ENV...: prints "NAME seconds read_bytes"
     local start end before after
     before=$(awk '/^read_bytes/ { print $2 }' /proc/self/io)
     start=$(date +%s.%N)
-    env "$@" "$BIN/llama-bench" -m "$MODEL" -p "$PROMPT" -n 1 -r 1 --no-warmup -nr -o csv >/dev/null 2>"$LOGS/$name.err"
+    env "$@" "$BIN/llama-bench" -m "$MODEL" -p "$PROMPT" -n 1 -r 1 --no-warmup $NO_REPACK -o csv >/dev/null 2>"$LOGS/$name.err"
     end=$(date +%s.%N)
     after=$(awk '/^read_bytes/ { print $2 }' /proc/self/io)
     echo "$name $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }') $((after - before))"
