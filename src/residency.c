@@ -1370,7 +1370,7 @@ static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n) {
 
 /* ---- read-ahead ---- */
 
-static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t e);
+static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t e, bool reading_counts);
 
 /*
  * Waits for every read-ahead piece the run issued, so that the drop which
@@ -1449,7 +1449,7 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
                 continue;
             }
             /* the reads were issued at once; whether the disk had answered shows in the page cache */
-            bool hidden = expert_cached(r, layer, e);
+            bool hidden = expert_cached(r, layer, e, false);
             if (err == 0 && populate_slices(r, l, e, true) == 0) {
                 admit_loaded(r, e);
                 r->stats.prefetch_used_bytes += per_expert;
@@ -1861,66 +1861,72 @@ int guanaco_residency_preload_layer(struct guanaco_residency *r, uint32_t layer,
     return ret;
 }
 
-/* Whether every page of expert e of `layer` is in the page cache (mincore over the shared mapping). */
-static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t e) {
+/* Whether every page of t's file bytes [a, b) (whole pages) has been read into the page cache: mincore over the
+   shared mapping. */
+static bool pages_read(struct guanaco_residency *r, const struct tensor *t, uint64_t a, uint64_t b) {
+    for (uint64_t at = a; at < b;) {
+        uint64_t pages = (b - at) / r->page;
+        pages = pages < AUDIT_PAGES ? pages : AUDIT_PAGES;
+        if (mincore((void *)(uintptr_t)address_of(t, at), pages * r->page, r->audit_vector) != 0) {
+            return false;
+        }
+        for (uint64_t p = 0; p < pages; p++) {
+            if (!(r->audit_vector[p] & 1)) {
+                return false;
+            }
+        }
+        at += pages * r->page;
+    }
+    return true;
+}
+
+/* cachestat over the same pages: 1 when every one is in the page cache, read or still reading; 0 when not; -1
+   when cachestat cannot answer (an older kernel, a sandbox that filters it, a file system without it), after
+   which this engine asks mincore only: never a reason to read again what is cached. */
+static int pages_present(struct guanaco_residency *r, const struct tensor *t, uint64_t a, uint64_t b) {
+#ifdef SYS_cachestat
+    struct {
+        uint64_t offset, length;
+    } range = {a, b - a};
+    struct {
+        uint64_t cached, dirty, writeback, evicted, recently_evicted;
+    } counts;
+    if (syscall(SYS_cachestat, t->fd, &range, &counts, 0) == 0) {
+        return counts.cached >= (b - a) / r->page;
+    }
+#else
+    (void)t;
+    (void)a;
+    (void)b;
+#endif
+    r->no_cachestat = true;
+    return -1;
+}
+
+/*
+ * Whether every page of expert e of `layer` is in the page cache. With
+ * `reading_counts` (the warm start: adopting waits for a page still reading)
+ * cachestat answers where it can: it counts a large folio in one step, where
+ * mincore over a range not mapped yet looks up each 4 KiB page (for a 16.6 GB
+ * model whose experts a `cat` left cached, 0.004 s against 0.35 s, which was
+ * most of a warm start's time to first token above plain llama.cpp's).
+ * Without it, only pages already read count (mincore).
+ */
+static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t e, bool reading_counts) {
     const struct layer *l = &r->layers[layer];
     for (uint32_t k = 0; k < l->n_tensors; k++) {
         const struct tensor *t = &r->tensors[l->first_tensor + k];
         uint64_t a = page_down(r, t->begin + (uint64_t)e * t->stride);
         uint64_t b = page_up(r, t->begin + (uint64_t)(e + 1) * t->stride);
-        for (uint64_t at = a; at < b;) {
-            uint64_t pages = (b - at) / r->page;
-            pages = pages < AUDIT_PAGES ? pages : AUDIT_PAGES;
-            if (mincore((void *)(uintptr_t)address_of(t, at), pages * r->page, r->audit_vector) != 0) {
-                return false;
-            }
-            for (uint64_t p = 0; p < pages; p++) {
-                if (!(r->audit_vector[p] & 1)) {
-                    return false;
-                }
-            }
-            at += pages * r->page;
+        int present = reading_counts && !r->no_cachestat ? pages_present(r, t, a, b) : -1;
+        if (present < 0) {
+            present = pages_read(r, t, a, b);
         }
-    }
-    return true;
-}
-
-/*
- * Whether the page cache holds every page of expert e of `layer`, read or
- * still reading, for the warm start. cachestat counts a large folio in one
- * step, where mincore over a range not mapped yet looks up each 4 KiB page:
- * for a 16.6 GB model whose experts a `cat` left cached, 0.004 s against
- * 0.35 s, which was most of a warm start's time to first token above plain
- * llama.cpp's. A page still reading counts: adopting waits for it.
- */
-static bool expert_in_page_cache(struct guanaco_residency *r, uint32_t layer, uint32_t e) {
-#ifdef SYS_cachestat
-    const struct layer *l = &r->layers[layer];
-    for (uint32_t k = 0; k < l->n_tensors && !r->no_cachestat; k++) {
-        const struct tensor *t = &r->tensors[l->first_tensor + k];
-        uint64_t a = page_down(r, t->begin + (uint64_t)e * t->stride);
-        uint64_t b = page_up(r, t->begin + (uint64_t)(e + 1) * t->stride);
-        struct {
-            uint64_t offset, length;
-        } range = {a, b - a};
-        struct {
-            uint64_t cached, dirty, writeback, evicted, recently_evicted;
-        } counts;
-        if (syscall(SYS_cachestat, t->fd, &range, &counts, 0) != 0) {
-            /* an older kernel, a sandbox that filters it, a file system without it: never a reason to read
-               again what is cached */
-            r->no_cachestat = true;
-            break;
-        }
-        if (counts.cached < (b - a) / r->page) {
+        if (!present) {
             return false;
         }
     }
-    if (!r->no_cachestat) {
-        return true;
-    }
-#endif
-    return expert_cached(r, layer, e);
+    return true;
 }
 
 int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_layer, uint64_t *adopted) {
@@ -1931,7 +1937,7 @@ int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_lay
         const struct layer *l = &r->layers[layer];
         size_t n = 0;
         for (uint32_t e = 0; e < r->n_expert && n < per_layer && l->n_tensors; e++) {
-            if (!guanaco_policy_is_resident(r->policy, layer, e) && expert_in_page_cache(r, layer, e) &&
+            if (!guanaco_policy_is_resident(r->policy, layer, e) && expert_cached(r, layer, e, true) &&
                 populate_slices(r, l, e, true) == 0) {
                 r->accessed[n++] = e;
             }
