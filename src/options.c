@@ -71,7 +71,7 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_MAX_EXPERTS] = {"guanaco-max-experts", "GUANACO_MAX_EXPERTS", OPTION_NUMBER, NULL,
                             "most resident experts per layer; turns the residency engine on"},
     [OPTION_POLICY] = {"guanaco-policy", "GUANACO_POLICY", OPTION_CHOICE, policy_choices,
-                       "replacement policy of the residency engine (default: layer-lru, measured)"},
+                       "replacement policy of the residency engine (default: guanaco, measured)"},
     [OPTION_IO] = {"guanaco-io", "GUANACO_IO", OPTION_CHOICE, io_choices,
                    "how expert reads are issued (default: io_uring, measured faster; uring is accepted for "
                    "io_uring; GUANACO_IO_URING=0 means threads)"},

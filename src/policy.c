@@ -107,7 +107,8 @@ int guanaco_policy_create(const struct guanaco_policy_config *config, struct gua
     *out = NULL;
     if (!config || config->n_layer == 0 || config->n_expert == 0 || !config->expert_bytes ||
         (uint64_t)config->n_layer * config->n_expert >= GUANACO_POLICY_NO_SLOT - config->n_layer - 1 ||
-        (unsigned)config->kind >= KIND_COUNT || config->half_life < 0 || !isfinite(config->half_life)) {
+        (unsigned)config->kind >= KIND_COUNT || (unsigned)config->variant > GUANACO_POLICY_NO_FLOOR_FREQUENT ||
+        config->half_life < 0 || !isfinite(config->half_life)) {
         return -EINVAL;
     }
     struct guanaco_policy *p = calloc(1, sizeof(*p));
@@ -138,6 +139,7 @@ int guanaco_policy_create(const struct guanaco_policy_config *config, struct gua
         .hint_lifetime = config->hint_lifetime ? config->hint_lifetime : 1,
         .half_life = config->half_life > 0 ? config->half_life : GUANACO_POLICY_DEFAULT_HALF_LIFE,
         .budget = config->budget_bytes,
+        .variant = config->variant,
         .expert_bytes = p->expert_bytes,
         .resident = p->resident,
         .needed_call = p->needed_call,

@@ -46,7 +46,8 @@ enum guanaco_policy_kind {
        inside each layer: O(1) per access plus O(log n_layer) per eviction. */
     GUANACO_POLICY_LAYER_LRU,
     /* Cold-first eviction, per-layer shares from each layer's hits per rank
-       (utility), a working-set floor, pilot hints. See policy_guanaco.c. */
+       (utility), a working-set floor, pilot hints, and two choices made by
+       set dueling against shadow copies. See policy_guanaco.c. */
     GUANACO_POLICY_GUANACO,
 };
 
@@ -56,13 +57,27 @@ enum guanaco_policy_kind {
 #define GUANACO_POLICY_KIND_NAMES(X) X("lru") X("lfu") X("layer-lru") X("guanaco")
 
 /* What --guanaco-policy means when it is not given (src/options.c uses this):
-   layer-lru, best or tied at every budget on the recorded Mixtral traces
-   (guanaco-sim, README) at O(1) per access; global lru collapses below one
-   token's working set, and guanaco's pinning loses to plain recency there. */
-#define GUANACO_POLICY_DEFAULT GUANACO_POLICY_LAYER_LRU
+   guanaco, its variants chosen by the duel. In bench/POLICY.md (two recorded
+   Mixtral traces and ten synthetic presets, 4-5 budgets each) it loses to lru
+   in 1 cell of 54, by 15 misses in 786,432 accesses, and gains 5.5-16 points
+   at 8-16 experts per layer on Qwen3-like routing; layer-lru, the default
+   before it, lost 4 cells (up to 3.2 points) and gained nothing at 8. */
+#define GUANACO_POLICY_DEFAULT GUANACO_POLICY_GUANACO
 
 /* Half-life of decayed use counts when the config leaves it 0, in units of `now` (tokens). */
 #define GUANACO_POLICY_DEFAULT_HALF_LIFE 32.0
+
+/* guanaco's two choices (policy_guanaco.c): whether a layer keeps its working-set floor, and whether the order in
+   which a layer's experts leave remembers a short history (recency) or a long one (frequency). ADAPT, the default,
+   runs a shadow copy of the policy for each of the four fixed variants on the same accesses and follows the one
+   that hit most lately; the fixed variants are those shadows (and tests). Other kinds ignore it. */
+enum guanaco_policy_variant {
+    GUANACO_POLICY_ADAPT,
+    GUANACO_POLICY_FLOOR_RECENT,
+    GUANACO_POLICY_FLOOR_FREQUENT,
+    GUANACO_POLICY_NO_FLOOR_RECENT,
+    GUANACO_POLICY_NO_FLOOR_FREQUENT,
+};
 
 struct guanaco_policy_config {
     enum guanaco_policy_kind kind;
@@ -75,6 +90,7 @@ struct guanaco_policy_config {
                                      cold-first order decays 16 times faster and its per-rank hit
                                      counts 4 times slower; 0 = the default */
     uint32_t hint_lifetime;       /* a hint lapses at now + this if its layer is not accessed; 0 = 1 */
+    enum guanaco_policy_variant variant; /* guanaco only; 0 = ADAPT */
 };
 
 struct guanaco_policy;

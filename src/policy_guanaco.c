@@ -20,11 +20,22 @@
  * - hints: a hinted expert is skipped by eviction until its layer's next
  *   access (the guess came true or not) or the hint's lifetime ends,
  *   whichever is first, unless nothing else is left.
+ * - two choices made by set dueling (after Qureshi et al.'s DIP): whether the
+ *   floor holds, and whether the cold-first score remembers 2 tokens
+ *   (recency) or 32 (frequency). A shadow copy of the policy runs each of
+ *   the four fixed variants on the same accesses (demand only: no hints, no
+ *   reserve), and the policy follows the one that missed least lately, once
+ *   it leads by DUEL_MARGIN. The floor is right on Mixtral's top-2 (without
+ *   it up to 3.7 points lost to lru at one token's working set) and wrong on
+ *   Qwen3's skewed top-8 (with it no gain over lru there); frequency wins on
+ *   static popularity and loses on drift (bench/POLICY.md). Both scores are
+ *   kept for every slot, so a switch only re-sorts the heaps.
  * There is no pinned hot set: pins cost up to 19 points at one token's
  * working set on routing with reuse and no skew (bench/POLICY.md), and the
  * per-rank counts already keep a hot layer's experts.
  * Scores and rank counts are decayed counts (guanaco_policy_decayed_add).
- * O(log n) per victim, O(n_expert) per hit (its rank), O(n_layer) per evict.
+ * O(log n) per victim, O(n_expert) per hit (its rank), O(n_layer) per evict;
+ * ADAPT does all of it five times (itself and four shadows).
  */
 #include "policy_impl.h"
 
@@ -37,17 +48,26 @@
 #define RANK_SLOWDOWN 4.0    /* the per-rank counts decay this much slower than the config's half-life: 128
                                 tokens; 1 and 16 move no cell by more than a point */
 #define RANK_PRIOR 1.0       /* before any counts, rank r of n holds RANK_PRIOR * (n - r) / n hits: equal shares */
+#define FREQUENCY_SPEEDUP 1.0 /* the frequent variants' score decays at the config's half-life: 32 tokens */
+#define DUEL_SLOWDOWN 4.0    /* the shadows' miss counts decay this much slower than the config's half-life: 128
+                                tokens; 8 and 16 move no cell by more than 0.2 points */
+#define DUEL_MARGIN 0.05     /* another variant is followed once its shadow missed this much less than the followed
+                                one's: at 0.02 recorded HumanEval lost 0.4 points to lru at 2 experts per layer
+                                (switching on noise), at 0.1 qwen3-preset's gain at 8 experts per layer was gone */
+#define VARIANTS 4           /* the fixed ones, enum guanaco_policy_variant from FLOOR_RECENT on */
 
 struct guanaco {
-    double score_half_life; /* the cold-first score: the config's half_life / RECENCY_SPEEDUP */
+    double score_half_life[2]; /* the cold-first scores, recent and frequent: the config's half_life / *_SPEEDUP */
     double rank_half_life;  /* the per-rank counts: the config's half_life * RANK_SLOWDOWN */
+    unsigned variant;       /* followed now, 0 to VARIANTS - 1: bit 0 frequent, bit 1 no floor */
 
     /* per layer, a heap of its resident slots by cold-first score, lowest (the next to leave) first */
     struct guanaco_heap *slot_heaps;
     struct guanaco_heap_keys slot_order;
     uint32_t *slot_heap_items;
     uint32_t *slot_position;
-    double *slot_key;
+    double *slot_keys[2];        /* per slot, both scores: recent, frequent */
+    double *slot_key;            /* the one the variant followed orders by */
 
     struct guanaco_heap layer_heap; /* which layer gives up an expert next */
     struct guanaco_heap_keys layer_order;
@@ -72,12 +92,31 @@ struct guanaco {
     uint64_t *hint_call;         /* ... and its layer's last access is still the one before the hint */
     uint64_t *evicted_at;        /* the layer's eviction count when the slot left; 0 = never */
     uint64_t *layer_evictions;
-    uint32_t *deferred;          /* slots set aside in this evict pass */
+    uint32_t *deferred;          /* slots set aside in this evict pass; also the heaps' items while they re-sort */
     uint32_t n_deferred;
+
+    /* the duel (ADAPT only): a shadow per fixed variant sees every access, demand only, no hints */
+    struct guanaco_policy *shadows[VARIANTS];
+    double shadow_misses[VARIANTS]; /* decayed misses, as keys */
+    double duel_half_life;
+    uint64_t all_expert_bytes;
+    uint32_t *access_ids;         /* the access in progress's distinct experts, for the shadows */
+    uint32_t n_access_ids;
+    uint32_t *shadow_missing;
+    uint32_t *shadow_victim_layers;
+    uint32_t *shadow_victim_experts;
 };
 
-static double score_time(const struct guanaco *g, const struct guanaco_policy_state *s) {
-    return (double)s->now / g->score_half_life;
+static bool keeps_floor(unsigned variant) {
+    return (variant & 2) == 0;
+}
+
+static unsigned score_of(unsigned variant) {
+    return variant & 1;
+}
+
+static double score_time(const struct guanaco *g, const struct guanaco_policy_state *s, unsigned score) {
+    return (double)s->now / g->score_half_life[score];
 }
 
 static double rank_time(const struct guanaco *g, const struct guanaco_policy_state *s) {
@@ -92,7 +131,8 @@ static void guanaco_free(void *impl) {
     free(g->slot_heaps);
     free(g->slot_heap_items);
     free(g->slot_position);
-    free(g->slot_key);
+    free(g->slot_keys[0]);
+    free(g->slot_keys[1]);
     free(g->layer_heap_items);
     free(g->layer_position);
     free(g->layer_key);
@@ -111,6 +151,13 @@ static void guanaco_free(void *impl) {
     free(g->evicted_at);
     free(g->layer_evictions);
     free(g->deferred);
+    for (unsigned v = 0; v < VARIANTS; v++) {
+        guanaco_policy_free(g->shadows[v]);
+    }
+    free(g->access_ids);
+    free(g->shadow_missing);
+    free(g->shadow_victim_layers);
+    free(g->shadow_victim_experts);
     free(g);
 }
 
@@ -143,7 +190,8 @@ static void refresh(struct guanaco *g, const struct guanaco_policy_state *s, uin
     }
     bool marked = s->layer_last_call[layer] == s->call + 1; /* its access is next: it keeps what that needs */
     g->layer_tier[layer] = marked ? g->surplus[layer] == 0
-                                  : s->layer_resident[layer] <= g->working_set[layer] && !floor_lapsed(g, s, layer);
+                                  : keeps_floor(g->variant) && s->layer_resident[layer] <= g->working_set[layer] &&
+                                        !floor_lapsed(g, s, layer);
     uint32_t last = s->layer_resident[layer] - 1 + (marked ? g->incoming[layer] : 0); /* ranks after its reads */
     last = last < s->n_expert ? last : s->n_expert - 1;
     g->layer_key[layer] = g->rank_hits[(size_t)layer * s->n_expert + last] - log2((double)s->expert_bytes[layer]);
@@ -160,6 +208,7 @@ static void guanaco_access_begin(void *impl, const struct guanaco_policy_state *
     struct guanaco *g = impl;
     g->begin_resident = s->layer_resident[layer];
     g->n_touched = 0;
+    g->n_access_ids = 0;
 }
 
 /* Whether a leaves before b in the layer's keep order as it stood when the access began. */
@@ -187,6 +236,7 @@ static void guanaco_touch(void *impl, const struct guanaco_policy_state *s, uint
         return;
     }
     g->touched_call[slot] = s->call;
+    g->access_ids[g->n_access_ids++] = slot - layer * s->n_expert;
     uint64_t rank = UINT64_MAX;
     if (hit) {
         rank = rank_of(g, s, slot);
@@ -202,7 +252,9 @@ static void guanaco_touch(void *impl, const struct guanaco_policy_state *s, uint
     }
     g->n_touched += 1;
     g->begin_key[slot] = g->slot_key[slot];
-    g->slot_key[slot] = guanaco_policy_decayed_add(g->slot_key[slot], score_time(g, s), 1.0);
+    for (unsigned score = 0; score < 2; score++) {
+        g->slot_keys[score][slot] = guanaco_policy_decayed_add(g->slot_keys[score][slot], score_time(g, s, score), 1.0);
+    }
     if (hit) {
         guanaco_heap_update(&g->slot_heaps[layer], slot);
     } else {
@@ -211,10 +263,70 @@ static void guanaco_touch(void *impl, const struct guanaco_policy_state *s, uint
     }
 }
 
+/* ---- the duel ---- */
+
+/* The access in progress and the evict after it, in a shadow: its misses. */
+static double shadow_misses(struct guanaco *g, struct guanaco_policy *shadow, const struct guanaco_policy_state *s,
+                          uint32_t layer) {
+    size_t n_missing = 0, n_victims = 0;
+    if (guanaco_policy_access(shadow, layer, g->access_ids, g->n_access_ids, s->now, g->shadow_missing,
+                              &n_missing) != 0) {
+        return 0;
+    }
+    while (guanaco_policy_evict(shadow, layer, g->shadow_victim_layers, g->shadow_victim_experts, s->n_slots,
+                                &n_victims) == -ENOBUFS) {
+    }
+    return (double)n_missing;
+}
+
+/* Every layer's heap re-sorted by the other score: out with the old keys, in with the new. */
+static void follow_score(struct guanaco *g, const struct guanaco_policy_state *s, unsigned score) {
+    uint32_t n = 0;
+    for (uint32_t layer = 0; layer < s->n_layer; layer++) {
+        while (guanaco_heap_top(&g->slot_heaps[layer]) != GUANACO_HEAP_ABSENT) {
+            g->deferred[n++] = guanaco_heap_pop(&g->slot_heaps[layer]);
+        }
+    }
+    g->slot_key = g->slot_keys[score];
+    g->slot_order.keys = g->slot_key;
+    for (uint32_t i = 0; i < n; i++) {
+        guanaco_heap_push(&g->slot_heaps[guanaco_policy_layer_of(s, g->deferred[i])], g->deferred[i]);
+    }
+}
+
+/* Set dueling (after Qureshi et al.'s DIP): each shadow runs one fixed variant on the same accesses; the policy
+   follows the one with the most decayed hits, once it leads the followed one by DUEL_MARGIN, so that noise
+   between near ties does not flip it. A switch re-sorts the layers (and their heaps, for the other score). */
+static void run_duel(struct guanaco *g, const struct guanaco_policy_state *s, uint32_t layer) {
+    double time = (double)s->now / g->duel_half_life;
+    unsigned best = g->variant;
+    for (unsigned v = 0; v < VARIANTS; v++) {
+        g->shadow_misses[v] =
+            guanaco_policy_decayed_add(g->shadow_misses[v], time, shadow_misses(g, g->shadows[v], s, layer));
+        if (g->shadow_misses[v] < g->shadow_misses[best]) {
+            best = v;
+        }
+    }
+    if (best == g->variant || !(g->shadow_misses[best] < g->shadow_misses[g->variant] + log2(1.0 - DUEL_MARGIN))) {
+        return;
+    }
+    unsigned was = g->variant;
+    g->variant = best;
+    if (score_of(best) != score_of(was)) {
+        follow_score(g, s, score_of(best));
+    }
+    for (uint32_t l = 0; l < s->n_layer; l++) {
+        refresh(g, s, l);
+    }
+}
+
 static void guanaco_access_end(void *impl, const struct guanaco_policy_state *s, uint32_t layer) {
     struct guanaco *g = impl;
     g->working_set[layer] = g->n_touched;
     g->accessed_at[layer] = s->now;
+    if (g->shadows[0] && s->budget < g->all_expert_bytes) { /* with room for every expert, the variants agree */
+        run_duel(g, s, layer);
+    }
     refresh(g, s, layer);
 }
 
@@ -317,15 +429,21 @@ static void guanaco_hint(void *impl, const struct guanaco_policy_state *s, uint3
 
 static void guanaco_seed(void *impl, const struct guanaco_policy_state *s, uint32_t layer, const double *rate) {
     struct guanaco *g = impl;
-    /* a use in every token keeps a decayed count at 1 / (1 - 2^(-1/H)) */
-    const double score_every_token = 1.0 / (1.0 - exp2(-1.0 / g->score_half_life));
+    for (unsigned v = 0; v < VARIANTS && g->shadows[v]; v++) {
+        guanaco_policy_seed(g->shadows[v], layer, rate);
+    }
     for (uint32_t e = 0; e < s->n_expert; e++) {
         double r = rate[e] > 1.0 ? 1.0 : rate[e];
         if (!(r > 0)) { /* zero, negative or NaN */
             continue;
         }
         uint32_t slot = layer * s->n_expert + e;
-        g->slot_key[slot] = guanaco_policy_decayed_add(g->slot_key[slot], score_time(g, s), r * score_every_token);
+        for (unsigned score = 0; score < 2; score++) {
+            /* a use in every token keeps a decayed count at 1 / (1 - 2^(-1/H)) */
+            double every_token = 1.0 / (1.0 - exp2(-1.0 / g->score_half_life[score]));
+            g->slot_keys[score][slot] =
+                guanaco_policy_decayed_add(g->slot_keys[score][slot], score_time(g, s, score), r * every_token);
+        }
         if (guanaco_heap_contains(&g->slot_heaps[layer], slot)) {
             guanaco_heap_update(&g->slot_heaps[layer], slot);
         }
@@ -339,6 +457,13 @@ static uint64_t guanaco_target_bytes(const void *impl, const struct guanaco_poli
     return s->layer_resident_bytes[layer];
 }
 
+static void guanaco_budget_changed(void *impl, const struct guanaco_policy_state *s) {
+    struct guanaco *g = impl;
+    for (unsigned v = 0; v < VARIANTS && g->shadows[v]; v++) {
+        guanaco_policy_set_budget(g->shadows[v], s->budget);
+    }
+}
+
 static const struct guanaco_policy_ops guanaco_ops = {
     .access_begin = guanaco_access_begin,
     .touch = guanaco_touch,
@@ -348,6 +473,7 @@ static const struct guanaco_policy_ops guanaco_ops = {
     .budget_victim = guanaco_budget_victim,
     .evicted = guanaco_evicted,
     .restore = guanaco_restore,
+    .budget_changed = guanaco_budget_changed,
     .hint = guanaco_hint,
     .seed = guanaco_seed,
     .layer_target_bytes = guanaco_target_bytes,
@@ -365,7 +491,8 @@ int guanaco_policy_guanaco_create(const struct guanaco_policy_state *s, const st
     g->slot_heaps = guanaco_policy_alloc(layers, sizeof(*g->slot_heaps), &ok);
     g->slot_heap_items = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
     g->slot_position = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
-    g->slot_key = guanaco_policy_alloc(slots, sizeof(double), &ok);
+    g->slot_keys[0] = guanaco_policy_alloc(slots, sizeof(double), &ok);
+    g->slot_keys[1] = guanaco_policy_alloc(slots, sizeof(double), &ok);
     g->layer_heap_items = guanaco_policy_alloc(layers, sizeof(uint32_t), &ok);
     g->layer_position = guanaco_policy_alloc(layers, sizeof(uint32_t), &ok);
     g->layer_key = guanaco_policy_alloc(layers, sizeof(double), &ok);
@@ -384,17 +511,46 @@ int guanaco_policy_guanaco_create(const struct guanaco_policy_state *s, const st
     g->evicted_at = guanaco_policy_alloc(slots, sizeof(uint64_t), &ok);
     g->layer_evictions = guanaco_policy_alloc(layers, sizeof(uint64_t), &ok);
     g->deferred = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
+    g->access_ids = guanaco_policy_alloc(s->n_expert, sizeof(uint32_t), &ok);
+    if (ok && s->variant == GUANACO_POLICY_ADAPT) {
+        g->shadow_missing = guanaco_policy_alloc(s->n_expert, sizeof(uint32_t), &ok);
+        g->shadow_victim_layers = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
+        g->shadow_victim_experts = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
+        for (unsigned v = 0; v < VARIANTS && ok; v++) {
+            struct guanaco_policy_config shadow = {
+                .kind = GUANACO_POLICY_GUANACO,
+                .n_layer = s->n_layer,
+                .n_expert = s->n_expert,
+                .expert_bytes = s->expert_bytes,
+                .budget_bytes = s->budget,
+                .max_per_layer = s->max_per_layer,
+                .half_life = s->half_life,
+                .hint_lifetime = s->hint_lifetime,
+                .variant = (enum guanaco_policy_variant)(GUANACO_POLICY_FLOOR_RECENT + v),
+            };
+            ok = guanaco_policy_create(&shadow, &g->shadows[v]) == 0;
+            g->shadow_misses[v] = -INFINITY;
+        }
+    }
     if (!ok) {
         guanaco_free(g);
         return -ENOMEM;
     }
-    g->score_half_life = s->half_life / RECENCY_SPEEDUP;
+    g->score_half_life[0] = s->half_life / RECENCY_SPEEDUP;
+    g->score_half_life[1] = s->half_life / FREQUENCY_SPEEDUP;
+    /* ADAPT starts as FLOOR_RECENT, the variant that never lost more than 0.03 points to lru on its own */
+    g->variant = s->variant == GUANACO_POLICY_ADAPT ? 0 : (unsigned)s->variant - GUANACO_POLICY_FLOOR_RECENT;
+    g->slot_key = g->slot_keys[score_of(g->variant)];
+    g->duel_half_life = s->half_life * DUEL_SLOWDOWN;
+    for (uint32_t layer = 0; layer < s->n_layer; layer++) {
+        g->all_expert_bytes += s->expert_bytes[layer] * s->n_expert;
+    }
     g->rank_half_life = s->half_life * RANK_SLOWDOWN;
     g->slot_order = (struct guanaco_heap_keys){.keys = g->slot_key};
     g->layer_order = (struct guanaco_heap_keys){.keys = g->layer_key, .tiers = g->layer_tier};
     for (uint32_t i = 0; i < s->n_slots; i++) {
         g->slot_position[i] = GUANACO_HEAP_ABSENT;
-        g->slot_key[i] = -INFINITY;
+        g->slot_keys[0][i] = g->slot_keys[1][i] = -INFINITY;
         g->rank_hits[i] = log2(RANK_PRIOR * (double)(s->n_expert - i % s->n_expert) / s->n_expert);
     }
     for (uint32_t layer = 0; layer < s->n_layer; layer++) {

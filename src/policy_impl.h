@@ -27,6 +27,7 @@ struct guanaco_policy_state {
     uint32_t max_per_layer;
     uint32_t hint_lifetime;       /* >= 1 */
     double half_life;             /* the config's, or the default: > 0 */
+    enum guanaco_policy_variant variant; /* the config's, checked */
     uint64_t budget;
     uint64_t now;                 /* the latest `now` any access gave */
     uint64_t call;                /* access calls so far; stamps what each call needed */

@@ -12,6 +12,7 @@
  */
 #include "belady.h"
 #include "policy.h"
+#include "routing_synth.h"
 #include "simulate.h"
 
 #include <errno.h>
@@ -291,6 +292,17 @@ static uint64_t replay_checked(enum guanaco_policy_kind kind, const struct guana
 }
 
 /* ---- hand-made sequences ---- */
+
+/* A guanaco policy of one variant (guanaco_policy_variant), or any kind with variant 0. */
+static struct guanaco_policy *make_variant(enum guanaco_policy_kind kind, enum guanaco_policy_variant variant,
+                                           uint32_t n_layer, uint32_t n_expert, const uint64_t *bytes, uint64_t budget,
+                                           uint32_t cap) {
+    struct guanaco_policy_config config = {.kind = kind, .n_layer = n_layer, .n_expert = n_expert,
+                                           .expert_bytes = bytes, .budget_bytes = budget, .max_per_layer = cap,
+                                           .variant = variant};
+    struct guanaco_policy *policy = NULL;
+    return guanaco_policy_create(&config, &policy) == 0 ? policy : NULL;
+}
 
 static struct guanaco_policy *make_policy(enum guanaco_policy_kind kind, uint32_t n_layer, uint32_t n_expert,
                                           const uint64_t *bytes, uint64_t budget, uint32_t cap) {
@@ -639,9 +651,9 @@ static void test_guanaco_working_set_floor(void) {
 }
 
 /* Two busy layers share the budget; when layer 0 goes idle its share shrinks and layer 1's grows, and back. */
-static void test_guanaco_idle_layer_shrinks(void) {
+static void test_guanaco_idle_layer_shrinks(enum guanaco_policy_variant variant) {
     uint64_t bytes[2] = {10, 10};
-    struct guanaco_policy *policy = make_policy(GUANACO_POLICY_GUANACO, 2, 32, bytes, 160, 0);
+    struct guanaco_policy *policy = make_variant(GUANACO_POLICY_GUANACO, variant, 2, 32, bytes, 160, 0);
     uint64_t rng = 11;
     uint64_t target0_busy = 0, target1_busy = 0;
     uint32_t resident0_busy = 0;
@@ -685,18 +697,93 @@ static void test_guanaco_idle_layer_shrinks(void) {
     }
     uint64_t target0_back = guanaco_policy_layer_target_bytes(policy, 0);
     uint32_t resident0_back = guanaco_policy_layer_resident_count(policy, 0);
-    printf("guanaco: layer 0 busy/idle/busy again: target %llu -> %llu -> %llu bytes (%u -> %u -> %u experts); "
+    printf("guanaco (variant %d): layer 0 busy/idle/busy again: target %llu -> %llu -> %llu bytes (%u -> %u -> %u experts); "
            "layer 1 always busy: %llu -> %llu\n",
-           (unsigned long long)target0_busy, (unsigned long long)target0_idle, (unsigned long long)target0_back,
+           (int)variant, (unsigned long long)target0_busy, (unsigned long long)target0_idle,
+           (unsigned long long)target0_back,
            resident0_busy, resident0_idle, resident0_back, (unsigned long long)target1_busy,
            (unsigned long long)target1_idle);
     CHECK(target0_busy >= 50 && target0_busy <= 110); /* about half while both are busy */
     CHECK(resident0_busy >= 5);
-    CHECK(target0_idle * 4 < target0_busy);
-    CHECK(resident0_idle <= 1);
+    if (variant == GUANACO_POLICY_FLOOR_RECENT || variant == GUANACO_POLICY_NO_FLOOR_RECENT) {
+        CHECK(target0_idle * 4 < target0_busy);
+        CHECK(resident0_idle <= 1);
+    } else { /* in frequency order layer 1's last ranks hit less, so the idle layer's fading counts compete longer */
+        CHECK(target0_idle * 2 < target0_busy);
+        CHECK(resident0_idle <= 3);
+    }
     CHECK(target1_idle > target1_busy);
     CHECK(target0_back >= 40 && resident0_back >= 4); /* and it grows back, to its working set at least */
     guanaco_policy_free(policy);
+}
+
+/*
+ * The duel (ADAPT): on tracegen's Qwen3-30B-A3B preset at 8 experts per layer (one token's working set) the
+ * floor costs hits, and on its Mixtral-8x7B preset at 2 (one working set again) dropping it costs hits; ADAPT
+ * must gain 3 points over lru on the first and not lose on the second, so it has to choose differently.
+ */
+struct synth_sink {
+    struct owned_trace *trace;
+    uint32_t top_k, tokens; /* tokens per sequence */
+};
+
+static int add_decision(void *user, uint32_t sequence, uint32_t token, uint32_t layer, const int32_t *ids) {
+    struct synth_sink *sink = user;
+    uint32_t experts[64];
+    for (uint32_t i = 0; i < sink->top_k; i++) {
+        experts[i] = (uint32_t)ids[i];
+    }
+    /* one clock over the sequences, one after another, as guanaco-sim replays them */
+    trace_add(sink->trace, (uint64_t)sequence * sink->tokens + token, layer, experts, sink->top_k);
+    return 0;
+}
+
+static double hit_percent(const struct owned_trace *t, enum guanaco_policy_kind kind,
+                          enum guanaco_policy_variant variant, uint32_t per_layer) {
+    struct guanaco_policy_config config = config_of(kind, &t->view, (uint64_t)per_layer * t->view.n_layer, 0);
+    config.variant = variant;
+    struct guanaco_replay_stats stats;
+    CHECK(guanaco_simulate(&t->view, &config, false, &stats) == 0);
+    return stats.accesses ? 100.0 * (double)stats.hits / (double)stats.accesses : 0;
+}
+
+static void test_guanaco_duel(void) {
+    static const struct {
+        const char *preset;
+        uint32_t per_layer;
+    } cases[] = {{"qwen3-30b-a3b", 8}, {"mixtral-8x7b", 2}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        const struct guanaco_synth_preset *preset = guanaco_synth_preset_find(cases[c].preset);
+        CHECK(preset != NULL);
+        if (!preset) {
+            continue;
+        }
+        struct guanaco_synth_params params = preset->params;
+        uint64_t bytes[256];
+        CHECK(params.n_layer <= 256 && params.top_k <= 64);
+        for (uint32_t l = 0; l < params.n_layer; l++) {
+            bytes[l] = 1;
+        }
+        size_t requests = (size_t)params.sequences * params.tokens * params.n_layer;
+        struct owned_trace t;
+        trace_init(&t, params.n_layer, params.n_expert, bytes, requests, requests * params.top_k);
+        struct synth_sink sink = {.trace = &t, .top_k = params.top_k, .tokens = params.tokens};
+        CHECK(guanaco_synth_generate(&params, add_decision, &sink) == 0);
+        double lru = hit_percent(&t, GUANACO_POLICY_LRU, 0, cases[c].per_layer);
+        double floor = hit_percent(&t, GUANACO_POLICY_GUANACO, GUANACO_POLICY_FLOOR_RECENT, cases[c].per_layer);
+        double no_floor = hit_percent(&t, GUANACO_POLICY_GUANACO, GUANACO_POLICY_NO_FLOOR_RECENT, cases[c].per_layer);
+        double adapt = hit_percent(&t, GUANACO_POLICY_GUANACO, GUANACO_POLICY_ADAPT, cases[c].per_layer);
+        printf("guanaco duel: %s preset at %u experts per layer: lru %.2f%%, floor %.2f%%, no floor %.2f%%, "
+               "adapt %.2f%%\n", cases[c].preset, cases[c].per_layer, lru, floor, no_floor, adapt);
+        if (c == 0) {
+            CHECK(no_floor >= floor + 3.0); /* the floor is the wrong choice here ... */
+            CHECK(adapt >= lru + 3.0);      /* ... and the duel drops it */
+        } else {
+            CHECK(no_floor + 1.0 <= lru);   /* dropping the floor is the wrong choice here ... */
+            CHECK(adapt >= lru);            /* ... and the duel keeps it */
+        }
+        trace_free(&t);
+    }
 }
 
 /* ---- Belady ---- */
@@ -941,7 +1028,10 @@ int main(void) {
     test_guanaco_hint();
     test_guanaco_utility_shares();
     test_guanaco_working_set_floor();
-    test_guanaco_idle_layer_shrinks();
+    for (int v = GUANACO_POLICY_ADAPT; v <= GUANACO_POLICY_NO_FLOOR_FREQUENT; v++) {
+        test_guanaco_idle_layer_shrinks((enum guanaco_policy_variant)v);
+    }
+    test_guanaco_duel();
     test_belady_exact();
     test_belady_against_exhaustive();
     test_bound_and_invariants();
