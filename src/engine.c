@@ -325,6 +325,19 @@ static uint64_t automatic_budget(struct guanaco_engine *engine) {
                      gib(m->total_bytes - m->expert_bytes), gib(margin), margin_rule, gib(budget));
     return budget;
 }
+/* Says so when it changes and it matters: the status lines pause while the router's ids are not read. */
+static void update_holds_every_expert(struct guanaco_engine *engine) {
+    bool holds = guanaco_residency_holds_every_expert(engine->residency);
+    bool held = atomic_exchange(&engine->holds_every_expert, holds);
+    bool ids_needed_anyway = engine->replay.n_records || engine->trace_writer || engine->options.audit;
+    if (holds == held || ids_needed_anyway) {
+        return;
+    }
+    guanaco_log_info(holds ? "residency: every expert is resident and the budget keeps them all: the router's ids are "
+                             "not read (no graph split per MoE layer), and status lines pause until the budget changes"
+                           : "residency: the budget no longer keeps every expert: the router's ids are read again");
+}
+
 
 void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes) {
     if (!engine || engine->dry_run) {
@@ -338,6 +351,7 @@ void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes)
     guanaco_auto_budget(engine->auto_memory, &engine->manifest, contexts, true, &rule);
     uint64_t margin = rule.margin, budget = rule.budget;
     guanaco_residency_set_budget(engine->residency, budget);
+    update_holds_every_expert(engine);
     char margin_rule[32];
     guanaco_auto_budget_margin_rule(true, margin_rule, sizeof(margin_rule));
     guanaco_log_info("budget auto: %.2f GiB - non-expert weights %.2f GiB - contexts' buffers %.2f GiB - margin "
@@ -618,6 +632,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     if (err < 0) {
         return err;
     }
+    update_holds_every_expert(engine);
     struct guanaco_residency_stats started;
     guanaco_residency_get_stats(engine->residency, &started);
     char prefetch[128] = "none";
@@ -764,7 +779,15 @@ int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const
     if (prompt) {
         prompt_progress(engine, layer);
     }
+    if (err == 0 && layer == engine->last_moe_layer) {
+        update_holds_every_expert(engine); /* once per pass: it sums every layer */
+    }
     return err;
+}
+
+bool guanaco_engine_needs_router_ids(const struct guanaco_engine *engine) {
+    return !atomic_load_explicit(&engine->holds_every_expert, memory_order_relaxed) || engine->replay.n_records ||
+           engine->trace_writer || engine->options.audit;
 }
 
 /* A truncated file makes reads of its mapping fault; mapping_guard turns that into engine->mapping_faulted,
@@ -1009,6 +1032,10 @@ static void print_summary(const struct guanaco_engine *engine) {
                      (unsigned long long)tokens, m->n_moe_layers, (unsigned long long)accesses,
                      (unsigned long long)pairs_used, (unsigned long long)m->n_moe_layers * (unsigned long long)m->n_expert,
                      100.0 * busiest_share, (unsigned long long)atomic_load(&engine->invalid_ids));
+    if (!guanaco_engine_needs_router_ids(engine)) {
+        guanaco_log_info("summary: tokens computed while every expert was resident are not in these counts: their "
+                         "router ids were not read");
+    }
 }
 
 /* The gate's recall per layer guessed: a share of the chosen experts found in each token's top k, and in

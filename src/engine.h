@@ -60,6 +60,7 @@ struct guanaco_engine {
     uint64_t auto_memory;                      /* --guanaco-ram auto: the memory it divides; 0 otherwise */
     _Atomic int64_t context_bytes;             /* host KV cache and compute buffers of the live contexts */
     char **guarded_mappings;                   /* per shard: the mapping mapping_guard watches, or NULL */
+    _Atomic bool holds_every_expert;           /* guanaco_engine_needs_router_ids: false while this holds */
     _Atomic int mapping_faulted;               /* a read past the file's end was turned into zeros: fail */
     _Atomic int told_mapping_faulted;
     _Atomic int trace_error_returned;          /* trace_error has failed a graph already */
@@ -72,6 +73,17 @@ void guanaco_engine_record_routing(struct guanaco_engine *engine, uint32_t seque
 /* The replay's expert ids for the `row`-th routing of `layer` in one context
  * (wrapping around when the recording is shorter), or NULL when not replaying. */
 const int32_t *guanaco_engine_replay_ids(struct guanaco_engine *engine, int layer, uint64_t row);
+
+/*
+ * Whether the hook must stop the graph at each MoE router to read its ids.
+ * Not while every expert is resident under a budget that keeps them all
+ * (then no decision of the router can cause a read or an eviction) and no
+ * replay, trace or audit needs the ids: each stop is a graph split and a
+ * thread synchronisation, about 9% of a two-thread MXFP4 prompt
+ * (bench/COMPUTE_PARITY.md). Routing counts and status lines pause
+ * meanwhile. A budget change asks again.
+ */
+bool guanaco_engine_needs_router_ids(const struct guanaco_engine *engine);
 
 /* Make every expert in `ids` of `layer` resident before the layer computes (no-op without a budget).
  * On failure it has printed why; the caller must not let the layer compute. */

@@ -224,7 +224,7 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
     const int layer = router_layer(hook->engine, t);
     const bool user_wants = hook->user_callback && hook->user_callback(t, true, hook->user_data);
     if (ask) {
-        return layer >= 0 || user_wants;
+        return (layer >= 0 && guanaco_engine_needs_router_ids(hook->engine)) || user_wants;
     }
     if (layer >= 0) {
         if (atomic_load(&hook->error)) {

@@ -220,6 +220,10 @@ int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, cons
 
 void guanaco_residency_get_stats(const struct guanaco_residency *r, struct guanaco_residency_stats *out);
 
+/* Whether every expert of every MoE layer is resident in the accounting and the budget keeps them all: then no
+   router decision can make a read or an eviction until the budget changes. */
+bool guanaco_residency_holds_every_expert(const struct guanaco_residency *r);
+
 /* Whether (layer, expert) is resident in the accounting; false when out of range. */
 bool guanaco_residency_is_resident(const struct guanaco_residency *r, uint32_t layer, uint32_t expert);
 

@@ -1018,6 +1018,36 @@ static void test_stream_prompts(enum guanaco_io_backend io) {
     free_model(&sm);
 }
 
+/* Every expert resident under a budget that keeps them all (the hook then stops reading the router's ids):
+   not before the last expert is in, not with a byte less of budget, again once the budget is back. */
+static void test_holds_every_expert(const struct model *m, enum guanaco_io_backend io) {
+    const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
+    struct guanaco_residency_config config = config_of(m, all, 0, GUANACO_POLICY_GUANACO, io);
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    int32_t every[N_EXPERT];
+    for (int32_t e = 0; e < N_EXPERT; e++) {
+        every[e] = e;
+    }
+    bool held_early = false;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        held_early |= guanaco_residency_holds_every_expert(r);
+        CHECK(guanaco_residency_preload_layer(r, l, every, N_EXPERT) == 0);
+    }
+    CHECK(!held_early);
+    CHECK(guanaco_residency_holds_every_expert(r));
+    guanaco_residency_set_budget(r, all - 1);
+    CHECK(!guanaco_residency_holds_every_expert(r));
+    guanaco_residency_set_budget(r, all);
+    CHECK(guanaco_residency_holds_every_expert(r));
+    printf("  %s holds every expert: after the last layer's preload, not with a byte less of budget\n",
+           guanaco_io_backend_name(io));
+    guanaco_residency_destroy(r);
+}
+
 /* ---- arenas: experts that compute in another layout (expert_repack.h) ---- */
 
 /* The test's transform: the slice reversed and XORed, so a plain copy or a neighbour's bytes would not match. */
@@ -1480,6 +1510,7 @@ int main(void) {
         if (load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
             test_arenas(&m, io);
         }
+        test_holds_every_expert(&m, io);
         test_faults(&m, io);
         test_policy_refusal(&m, io);
         test_threads(&m, io);

@@ -197,6 +197,16 @@ rc=$?
 check "warm start: cached experts adopted, nothing preloaded from disk, same logits" $? \
     "rc=$rc $(grep -E 'warm start|preload' "$W/warm.log")"
 
+# A budget that keeps every expert: once all are resident the hook stops reading the router's ids (no graph
+# split per MoE layer), and the logits stay those of streaming off. The 3M run above never gets there.
+GUANACO_STREAMING=1 GUANACO_RAM=1G "$LOGITS_DUMP" "$m" "$W/all.bin" >"$W/all.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q 'every expert is resident and the budget keeps them all' "$W/all.log" &&
+    grep -q 'summary: 0 tokens routed' "$W/all.log" && cmp -s "$W/qwen3moe.off.bin" "$W/all.bin" &&
+    ! grep -q 'every expert is resident' "$W/warm.log" && ! grep -q 'summary: 0 tokens routed' "$W/warm.log"
+check "budget above every expert: router ids not read, same logits; under 3M they are read" $? \
+    "rc=$rc $(grep -E 'every expert|summary' "$W/all.log" "$W/warm.log")"
+
 # Expert slices of 4.5 MB (Mixtral's are 33 MB): demand loads read each slice's 2 MiB-aligned middle through a
 # huge mapping (--guanaco-huge-folios, on by default) and the rest the 4 KiB way; the logits are the reference's
 # either way, and the huge mapping really carried bytes where THP is not "never".
