@@ -72,6 +72,24 @@ run() { # run CMD...: runs it, and records it for the report
     "$@" >/dev/null
 }
 
+# input_table ENTRY...: the Markdown table of what each input is; csv_files ENTRY...: their CSVs
+input_table() {
+    echo "| input | shape | routing |"
+    echo "|---|---|---|"
+    local entry name shape budgets args
+    for entry in "$@"; do
+        IFS='|' read -r name shape budgets args <<<"$entry"
+        echo "| $name | $shape | \`${args}\` |"
+    done
+}
+csv_files() {
+    local entry name
+    for entry in "$@"; do
+        IFS='|' read -r name _ <<<"$entry"
+        echo "$work/$name.csv"
+    done
+}
+
 for entry in "${inputs[@]}" "${held_out[@]}"; do
     IFS='|' read -r name shape budgets args <<<"$entry"
     if [[ $args == recorded* ]]; then
@@ -95,12 +113,7 @@ done
     echo
     echo "Inputs:"
     echo
-    echo "| input | shape | routing |"
-    echo "|---|---|---|"
-    for entry in "${inputs[@]}"; do
-        IFS='|' read -r name shape budgets args <<<"$entry"
-        echo "| $name | $shape | \`${args}\` |"
-    done
+    input_table "${inputs[@]}"
     echo
     echo "The presets: qwen3-preset and mixtral-preset are tracegen's calibrated ones (published Qwen3-30B-A3B"
     echo "statistics; the recorded Mixtral files); flat-reuse: low skew, tokens repeat their experts; drift: the"
@@ -162,16 +175,11 @@ done
                 printf "| %s | %d of %d | %+.2f (%s) | %+.2f (%s) | %s |\n", po, losses[po], cells[po], worst[po],
                        worst_at[po], least[po], least_at[po], meets
             }
-        }' $(for entry in "${inputs[@]}"; do IFS='|' read -r name _ <<<"$entry"; echo "$work/$name.csv"; done)
+        }' $(csv_files "${inputs[@]}")
     echo
     echo "Held out: inputs not looked at when guanaco's duel constants were chosen on the ones above."
     echo
-    echo "| input | shape | routing |"
-    echo "|---|---|---|"
-    for entry in "${held_out[@]}"; do
-        IFS='|' read -r name shape budgets args <<<"$entry"
-        echo "| $name | $shape | \`${args}\` |"
-    done
+    input_table "${held_out[@]}"
     echo
     awk -F, '
         FNR == 1 { input = FILENAME; sub(/.*\//, "", input); sub(/\.csv$/, "", input); order[++n] = input; next }
@@ -193,7 +201,7 @@ done
                 }
             }
             printf "\nguanaco loses to lru in %d of %d held-out cells.\n", lost, cells
-        }' $(for entry in "${held_out[@]}"; do IFS='|' read -r name _ <<<"$entry"; echo "$work/$name.csv"; done)
+        }' $(csv_files "${held_out[@]}")
     echo
     echo "Commands (tools from build/cmake/bin, files in the work folder, JSON Lines from $TRACES):"
     echo
