@@ -131,6 +131,10 @@ int guanaco_policy_create(const struct guanaco_policy_config *config, struct gua
         return -ENOMEM;
     }
     memcpy(p->expert_bytes, config->expert_bytes, layers * sizeof(*p->expert_bytes));
+    uint64_t every_expert_bytes = 0;
+    for (size_t l = 0; l < layers; l++) {
+        every_expert_bytes += p->expert_bytes[l] * config->n_expert;
+    }
     p->state = (struct guanaco_policy_state){
         .n_layer = config->n_layer,
         .n_expert = config->n_expert,
@@ -139,6 +143,7 @@ int guanaco_policy_create(const struct guanaco_policy_config *config, struct gua
         .hint_lifetime = config->hint_lifetime ? config->hint_lifetime : 1,
         .half_life = config->half_life > 0 ? config->half_life : GUANACO_POLICY_DEFAULT_HALF_LIFE,
         .budget = config->budget_bytes,
+        .every_expert_bytes = every_expert_bytes,
         .variant = config->variant,
         .expert_bytes = p->expert_bytes,
         .resident = p->resident,
@@ -326,6 +331,10 @@ bool guanaco_policy_is_resident(const struct guanaco_policy *p, uint32_t layer, 
 
 uint64_t guanaco_policy_resident_bytes(const struct guanaco_policy *p) {
     return p->resident_bytes;
+}
+
+bool guanaco_policy_holds_every_expert(const struct guanaco_policy *p) {
+    return p->state.budget >= p->state.every_expert_bytes && p->resident_bytes >= p->state.every_expert_bytes;
 }
 
 uint32_t guanaco_policy_layer_resident_count(const struct guanaco_policy *p, uint32_t layer) {

@@ -169,6 +169,8 @@ void guanaco_policy_seed(struct guanaco_policy *policy, uint32_t layer, const do
 
 bool guanaco_policy_is_resident(const struct guanaco_policy *policy, uint32_t layer, uint32_t expert);
 uint64_t guanaco_policy_resident_bytes(const struct guanaco_policy *policy);
+/* Every expert of every layer resident, under a budget that keeps them all: no access can miss or evict. */
+bool guanaco_policy_holds_every_expert(const struct guanaco_policy *policy);
 uint32_t guanaco_policy_layer_resident_count(const struct guanaco_policy *policy, uint32_t layer);
 /* Whether a kind with a pinned hot set holds (layer, expert) in it. No kind pins now (guanaco's pins cost
    up to 19 points of hit rate, bench/POLICY.md), so this is false; the status line's hot-pinned share reads it. */

@@ -99,7 +99,6 @@ struct guanaco {
     struct guanaco_policy *shadows[VARIANTS];
     double shadow_misses[VARIANTS]; /* decayed misses, as keys */
     double duel_half_life;
-    uint64_t all_expert_bytes;
     uint32_t *access_ids;         /* the access in progress's distinct experts, for the shadows */
     uint32_t n_access_ids;
     uint32_t *shadow_missing;
@@ -324,7 +323,7 @@ static void guanaco_access_end(void *impl, const struct guanaco_policy_state *s,
     struct guanaco *g = impl;
     g->working_set[layer] = g->n_touched;
     g->accessed_at[layer] = s->now;
-    if (g->shadows[0] && s->budget < g->all_expert_bytes) { /* with room for every expert, the variants agree */
+    if (g->shadows[0] && s->budget < s->every_expert_bytes) { /* with room for every expert, the variants agree */
         run_duel(g, s, layer);
     }
     refresh(g, s, layer);
@@ -542,9 +541,6 @@ int guanaco_policy_guanaco_create(const struct guanaco_policy_state *s, const st
     g->variant = s->variant == GUANACO_POLICY_ADAPT ? 0 : (unsigned)s->variant - GUANACO_POLICY_FLOOR_RECENT;
     g->slot_key = g->slot_keys[score_of(g->variant)];
     g->duel_half_life = s->half_life * DUEL_SLOWDOWN;
-    for (uint32_t layer = 0; layer < s->n_layer; layer++) {
-        g->all_expert_bytes += s->expert_bytes[layer] * s->n_expert;
-    }
     g->rank_half_life = s->half_life * RANK_SLOWDOWN;
     g->slot_order = (struct guanaco_heap_keys){.keys = g->slot_key};
     g->layer_order = (struct guanaco_heap_keys){.keys = g->layer_key, .tiers = g->layer_tier};

@@ -29,6 +29,7 @@ struct guanaco_policy_state {
     double half_life;             /* the config's, or the default: > 0 */
     enum guanaco_policy_variant variant; /* the config's, checked */
     uint64_t budget;
+    uint64_t every_expert_bytes;  /* all experts of all layers: a budget this large never evicts */
     uint64_t now;                 /* the latest `now` any access gave */
     uint64_t call;                /* access calls so far; stamps what each call needed */
     const uint64_t *expert_bytes; /* per layer */

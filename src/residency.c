@@ -1979,13 +1979,9 @@ void guanaco_residency_get_stats(const struct guanaco_residency *r, struct guana
 }
 
 bool guanaco_residency_holds_every_expert(const struct guanaco_residency *r) {
-    uint64_t every = 0;
-    for (uint32_t l = 0; l < r->n_layer; l++) {
-        every += r->layers[l].expert_bytes * r->n_expert;
-    }
     struct guanaco_residency *m = (struct guanaco_residency *)r;
     pthread_mutex_lock(&m->lock);
-    bool holds = r->budget_bytes >= every && guanaco_policy_resident_bytes(r->policy) >= every;
+    bool holds = guanaco_policy_holds_every_expert(r->policy);
     pthread_mutex_unlock(&m->lock);
     return holds;
 }
