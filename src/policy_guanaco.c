@@ -50,7 +50,7 @@
 #define RANK_PRIOR 1.0       /* before any counts, rank r of n holds RANK_PRIOR * (n - r) / n hits: equal shares */
 #define FREQUENCY_SPEEDUP 1.0 /* the frequent variants' score decays at the config's half-life: 32 tokens */
 #define DUEL_SLOWDOWN 4.0    /* the shadows' miss counts decay this much slower than the config's half-life: 128
-                                tokens; 8 and 16 move no cell by more than 0.2 points */
+                                tokens; 8 and 16 lose the same one cell and gain the same at 8 experts per layer */
 #define DUEL_MARGIN 0.05     /* another variant is followed once its shadow missed this much less than the followed
                                 one's: at 0.02 recorded HumanEval lost 0.4 points to lru at 2 experts per layer
                                 (switching on noise), at 0.1 qwen3-preset's gain at 8 experts per layer was gone */
@@ -265,8 +265,8 @@ static void guanaco_touch(void *impl, const struct guanaco_policy_state *s, uint
 /* ---- the duel ---- */
 
 /* The access in progress and the evict after it, in a shadow: its misses. */
-static double shadow_misses(struct guanaco *g, struct guanaco_policy *shadow, const struct guanaco_policy_state *s,
-                          uint32_t layer) {
+static double run_shadow(struct guanaco *g, struct guanaco_policy *shadow, const struct guanaco_policy_state *s,
+                         uint32_t layer) {
     size_t n_missing = 0, n_victims = 0;
     if (guanaco_policy_access(shadow, layer, g->access_ids, g->n_access_ids, s->now, g->shadow_missing,
                               &n_missing) != 0) {
@@ -301,7 +301,7 @@ static void run_duel(struct guanaco *g, const struct guanaco_policy_state *s, ui
     unsigned best = g->variant;
     for (unsigned v = 0; v < VARIANTS; v++) {
         g->shadow_misses[v] =
-            guanaco_policy_decayed_add(g->shadow_misses[v], time, shadow_misses(g, g->shadows[v], s, layer));
+            guanaco_policy_decayed_add(g->shadow_misses[v], time, run_shadow(g, g->shadows[v], s, layer));
         if (g->shadow_misses[v] < g->shadow_misses[best]) {
             best = v;
         }
