@@ -325,19 +325,23 @@ static uint64_t automatic_budget(struct guanaco_engine *engine) {
                      gib(m->total_bytes - m->expert_bytes), gib(margin), margin_rule, gib(budget));
     return budget;
 }
+
+/* Replay overwrites the ids, a trace records them, the audit runs per status line: none can skip the router. */
+static bool router_ids_always_needed(const struct guanaco_engine *engine) {
+    return engine->replay.n_records || engine->trace_writer || engine->options.audit;
+}
+
 /* Says so when it changes and it matters: the status lines pause while the router's ids are not read. */
 static void update_holds_every_expert(struct guanaco_engine *engine) {
     bool holds = guanaco_residency_holds_every_expert(engine->residency);
     bool held = atomic_exchange(&engine->holds_every_expert, holds);
-    bool ids_needed_anyway = engine->replay.n_records || engine->trace_writer || engine->options.audit;
-    if (holds == held || ids_needed_anyway) {
+    if (holds == held || router_ids_always_needed(engine)) {
         return;
     }
     guanaco_log_info(holds ? "residency: every expert is resident and the budget keeps them all: the router's ids are "
                              "not read (no graph split per MoE layer), and status lines pause until the budget changes"
                            : "residency: the budget no longer keeps every expert: the router's ids are read again");
 }
-
 
 void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes) {
     if (!engine || engine->dry_run) {
@@ -780,14 +784,13 @@ int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const
         prompt_progress(engine, layer);
     }
     if (err == 0 && layer == engine->last_moe_layer) {
-        update_holds_every_expert(engine); /* once per pass: it sums every layer */
+        update_holds_every_expert(engine); /* once per pass: it takes the residency's lock */
     }
     return err;
 }
 
 bool guanaco_engine_needs_router_ids(const struct guanaco_engine *engine) {
-    return !atomic_load_explicit(&engine->holds_every_expert, memory_order_relaxed) || engine->replay.n_records ||
-           engine->trace_writer || engine->options.audit;
+    return !atomic_load_explicit(&engine->holds_every_expert, memory_order_relaxed) || router_ids_always_needed(engine);
 }
 
 /* A truncated file makes reads of its mapping fault; mapping_guard turns that into engine->mapping_faulted,
