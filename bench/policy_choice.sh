@@ -121,10 +121,11 @@ done
     echo "recency: no skew, strong reuse (recency wins); uniform: independent uniform routing (nothing to learn)."
     echo "The recorded ones are Mixtral-8x7B's own routing on two HumanEval and two GSM8K problems."
     echo
-    echo "\`guanaco\` makes two choices by set dueling (src/policy_guanaco.c): whether a layer keeps its working-set"
-    echo "floor, and whether its experts leave by recency or by frequency. Four shadow copies, one per fixed variant,"
-    echo "replay the same accesses, and it follows the one that missed least over a 128-token half-life once that one"
-    echo "misses 5% less than the followed one. Those two constants were chosen on the inputs above; the held-out"
+    echo "\`guanaco\` chooses how it keeps experts by set dueling (src/policy_guanaco.c): whether a layer keeps its"
+    echo "working-set floor, and whether its experts leave by recency or by frequency, or lru's own order. Five shadow"
+    echo "copies, one per fixed variant, replay the same accesses. It starts in lru's order and follows the one that"
+    echo "missed least over a 128-token half-life once that one misses 5% less than the followed one, so where no"
+    echo "variant is clearly better it is lru. Those two constants were chosen on the inputs above; the held-out"
     echo "table after the verdict checks them on inputs that were not looked at."
     echo
     awk -F, '

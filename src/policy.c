@@ -107,7 +107,7 @@ int guanaco_policy_create(const struct guanaco_policy_config *config, struct gua
     *out = NULL;
     if (!config || config->n_layer == 0 || config->n_expert == 0 || !config->expert_bytes ||
         (uint64_t)config->n_layer * config->n_expert >= GUANACO_POLICY_NO_SLOT - config->n_layer - 1 ||
-        (unsigned)config->kind >= KIND_COUNT || (unsigned)config->variant > GUANACO_POLICY_NO_FLOOR_FREQUENT ||
+        (unsigned)config->kind >= KIND_COUNT || (unsigned)config->variant > GUANACO_POLICY_LRU_ORDER ||
         config->half_life < 0 || !isfinite(config->half_life)) {
         return -EINVAL;
     }

@@ -59,24 +59,26 @@ enum guanaco_policy_kind {
 /* What --guanaco-policy means when it is not given (src/options.c uses this):
    guanaco, its variants chosen by the duel. In bench/POLICY.md (two recorded
    Mixtral traces and ten synthetic presets, 4-5 budgets each) it loses to lru
-   in 1 cell of 54, by 15 misses in 786,432 accesses, and gains 5.5-16 points
-   at 8-16 experts per layer on Qwen3-like routing; layer-lru, the default
-   before it, lost 4 cells (up to 3.2 points) and gained nothing at 8. */
+   in none of 54 cells and gains 5.5-16 points at 8-16 experts per layer on
+   Qwen3-like routing; layer-lru, the default before it, lost 4 cells (up to
+   3.2 points) and gained nothing at 8. */
 #define GUANACO_POLICY_DEFAULT GUANACO_POLICY_GUANACO
 
 /* Half-life of decayed use counts when the config leaves it 0, in units of `now` (tokens). */
 #define GUANACO_POLICY_DEFAULT_HALF_LIFE 32.0
 
-/* guanaco's two choices (policy_guanaco.c): whether a layer keeps its working-set floor, and whether the order in
-   which a layer's experts leave remembers a short history (recency) or a long one (frequency). ADAPT, the default,
-   runs a shadow copy of the policy for each of the four fixed variants on the same accesses and follows the one
-   that hit most lately; the fixed variants are those shadows (and tests). Other kinds ignore it. */
+/* guanaco's choice (policy_guanaco.c): whether a layer keeps its working-set floor, and whether the order in
+   which a layer's experts leave remembers a short history (recency) or a long one (frequency); or lru's order
+   over every slot, with no floor and no shares. ADAPT, the default, runs a shadow copy of the policy for each of
+   the five fixed variants on the same accesses, starts in lru's order and follows the one that missed least
+   lately; the fixed variants are those shadows (and tests). Other kinds ignore it. */
 enum guanaco_policy_variant {
     GUANACO_POLICY_ADAPT,
     GUANACO_POLICY_FLOOR_RECENT,
     GUANACO_POLICY_FLOOR_FREQUENT,
     GUANACO_POLICY_NO_FLOOR_RECENT,
     GUANACO_POLICY_NO_FLOOR_FREQUENT,
+    GUANACO_POLICY_LRU_ORDER,
 };
 
 struct guanaco_policy_config {

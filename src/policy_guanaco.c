@@ -20,22 +20,26 @@
  * - hints: a hinted expert is skipped by eviction until its layer's next
  *   access (the guess came true or not) or the hint's lifetime ends,
  *   whichever is first, unless nothing else is left.
- * - two choices made by set dueling (after Qureshi et al.'s DIP): whether the
+ * - a choice made by set dueling (after Qureshi et al.'s DIP): whether the
  *   floor holds, and whether the cold-first score remembers 2 tokens
- *   (recency) or 32 (frequency). A shadow copy of the policy runs each of
- *   the four fixed variants on the same accesses (demand only: no hints, no
- *   reserve), and the policy follows the one that missed least lately, once
- *   it leads by DUEL_MARGIN. The floor is right on Mixtral's top-2 (without
- *   it up to 3.7 points lost to lru at one token's working set) and wrong on
- *   Qwen3's skewed top-8 (with it no gain over lru there); frequency wins on
- *   static popularity and loses on drift (bench/POLICY.md). Both scores are
- *   kept for every slot, so a switch only re-sorts the heaps.
+ *   (recency) or 32 (frequency); or none of the above: lru's order, every
+ *   slot by its last use, no floor, no shares. A shadow copy of the policy
+ *   runs each of the five fixed variants on the same accesses (demand only:
+ *   no hints, no reserve). The policy starts in lru's order and follows the
+ *   one that missed least lately, once it leads by DUEL_MARGIN. The floor is
+ *   right on Mixtral's top-2 (without it up to 3.7 points lost to lru at one
+ *   token's working set) and wrong on Qwen3's skewed top-8 (with it no gain
+ *   over lru there); frequency wins on static popularity and loses on drift;
+ *   and where no variant leads by the margin, each of the four still lost to
+ *   lru by a few misses (qwen3-static at 64 experts per layer: 0.4% more
+ *   misses), which starting from lru's order removes (bench/POLICY.md).
+ *   Every score is kept for every slot, so a switch only re-sorts the heaps.
  * There is no pinned hot set: pins cost up to 19 points at one token's
  * working set on routing with reuse and no skew (bench/POLICY.md), and the
  * per-rank counts already keep a hot layer's experts.
  * Scores and rank counts are decayed counts (guanaco_policy_decayed_add).
  * O(log n) per victim, O(n_expert) per hit (its rank), O(n_layer) per evict;
- * ADAPT does all of it five times (itself and four shadows).
+ * ADAPT does all of it six times (itself and five shadows).
  */
 #include "policy_impl.h"
 
@@ -54,19 +58,22 @@
 #define DUEL_MARGIN 0.05     /* another variant is followed once its shadow missed this much less than the followed
                                 one's: at 0.02 recorded HumanEval lost 0.4 points to lru at 2 experts per layer
                                 (switching on noise), at 0.1 qwen3-preset's gain at 8 experts per layer was gone */
-#define VARIANTS 4           /* the fixed ones, enum guanaco_policy_variant from FLOOR_RECENT on */
+#define VARIANTS 5           /* the fixed ones, enum guanaco_policy_variant from FLOOR_RECENT on */
+#define LRU_ORDER 4          /* the fifth: lru's order, every slot by its last use, no floor, no shares */
+#define SCORES 3             /* the keep orders: recent, frequent, last use */
 
 struct guanaco {
     double score_half_life[2]; /* the cold-first scores, recent and frequent: the config's half_life / *_SPEEDUP */
     double rank_half_life;  /* the per-rank counts: the config's half_life * RANK_SLOWDOWN */
-    unsigned variant;       /* followed now, 0 to VARIANTS - 1: bit 0 frequent, bit 1 no floor */
+    unsigned variant;       /* followed now, 0 to VARIANTS - 1: bit 0 frequent, bit 1 no floor, or LRU_ORDER */
 
     /* per layer, a heap of its resident slots by cold-first score, lowest (the next to leave) first */
     struct guanaco_heap *slot_heaps;
     struct guanaco_heap_keys slot_order;
     uint32_t *slot_heap_items;
     uint32_t *slot_position;
-    double *slot_keys[2];        /* per slot, both scores: recent, frequent */
+    double *slot_keys[SCORES];   /* per slot, every score: recent, frequent, the touch count at its last use */
+    uint64_t touches;            /* touches so far: the last-use score */
     double *slot_key;            /* the one the variant followed orders by */
 
     struct guanaco_heap layer_heap; /* which layer gives up an expert next */
@@ -107,11 +114,11 @@ struct guanaco {
 };
 
 static bool keeps_floor(unsigned variant) {
-    return (variant & 2) == 0;
+    return variant != LRU_ORDER && (variant & 2) == 0;
 }
 
 static unsigned score_of(unsigned variant) {
-    return variant & 1;
+    return variant == LRU_ORDER ? 2 : variant & 1;
 }
 
 static double score_time(const struct guanaco *g, const struct guanaco_policy_state *s, unsigned score) {
@@ -130,8 +137,9 @@ static void guanaco_free(void *impl) {
     free(g->slot_heaps);
     free(g->slot_heap_items);
     free(g->slot_position);
-    free(g->slot_keys[0]);
-    free(g->slot_keys[1]);
+    for (unsigned score = 0; score < SCORES; score++) {
+        free(g->slot_keys[score]);
+    }
     free(g->layer_heap_items);
     free(g->layer_position);
     free(g->layer_key);
@@ -194,6 +202,10 @@ static void refresh(struct guanaco *g, const struct guanaco_policy_state *s, uin
     uint32_t last = s->layer_resident[layer] - 1 + (marked ? g->incoming[layer] : 0); /* ranks after its reads */
     last = last < s->n_expert ? last : s->n_expert - 1;
     g->layer_key[layer] = g->rank_hits[(size_t)layer * s->n_expert + last] - log2((double)s->expert_bytes[layer]);
+    if (g->variant == LRU_ORDER) { /* the layer whose coldest expert was used longest ago, as lru takes it */
+        g->layer_tier[layer] = 0;
+        g->layer_key[layer] = g->slot_key[guanaco_heap_top(&g->slot_heaps[layer])];
+    }
     if (guanaco_heap_contains(&g->layer_heap, layer)) {
         guanaco_heap_update(&g->layer_heap, layer);
     } else {
@@ -254,6 +266,7 @@ static void guanaco_touch(void *impl, const struct guanaco_policy_state *s, uint
     for (unsigned score = 0; score < 2; score++) {
         g->slot_keys[score][slot] = guanaco_policy_decayed_add(g->slot_keys[score][slot], score_time(g, s, score), 1.0);
     }
+    g->slot_keys[2][slot] = (double)++g->touches;
     if (hit) {
         guanaco_heap_update(&g->slot_heaps[layer], slot);
     } else {
@@ -294,8 +307,8 @@ static void follow_score(struct guanaco *g, const struct guanaco_policy_state *s
 }
 
 /* Set dueling (after Qureshi et al.'s DIP): each shadow runs one fixed variant on the same accesses; the policy
-   follows the one with the most decayed hits, once it leads the followed one by DUEL_MARGIN, so that noise
-   between near ties does not flip it. A switch re-sorts the layers (and their heaps, for the other score). */
+   follows the one with the fewest decayed misses, once it leads the followed one by DUEL_MARGIN, so that noise
+   between near ties does not flip it. A switch re-sorts the layers (and their heaps, for another score). */
 static void run_duel(struct guanaco *g, const struct guanaco_policy_state *s, uint32_t layer) {
     double time = (double)s->now / g->duel_half_life;
     unsigned best = g->variant;
@@ -490,8 +503,9 @@ int guanaco_policy_guanaco_create(const struct guanaco_policy_state *s, const st
     g->slot_heaps = guanaco_policy_alloc(layers, sizeof(*g->slot_heaps), &ok);
     g->slot_heap_items = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
     g->slot_position = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
-    g->slot_keys[0] = guanaco_policy_alloc(slots, sizeof(double), &ok);
-    g->slot_keys[1] = guanaco_policy_alloc(slots, sizeof(double), &ok);
+    for (unsigned score = 0; score < SCORES; score++) {
+        g->slot_keys[score] = guanaco_policy_alloc(slots, sizeof(double), &ok);
+    }
     g->layer_heap_items = guanaco_policy_alloc(layers, sizeof(uint32_t), &ok);
     g->layer_position = guanaco_policy_alloc(layers, sizeof(uint32_t), &ok);
     g->layer_key = guanaco_policy_alloc(layers, sizeof(double), &ok);
@@ -537,8 +551,8 @@ int guanaco_policy_guanaco_create(const struct guanaco_policy_state *s, const st
     }
     g->score_half_life[0] = s->half_life / RECENCY_SPEEDUP;
     g->score_half_life[1] = s->half_life / FREQUENCY_SPEEDUP;
-    /* ADAPT starts as FLOOR_RECENT, the variant that never lost more than 0.03 points to lru on its own */
-    g->variant = s->variant == GUANACO_POLICY_ADAPT ? 0 : (unsigned)s->variant - GUANACO_POLICY_FLOOR_RECENT;
+    /* ADAPT starts in lru's order: where no variant leads by DUEL_MARGIN it stays there, and ties lru */
+    g->variant = s->variant == GUANACO_POLICY_ADAPT ? LRU_ORDER : (unsigned)s->variant - GUANACO_POLICY_FLOOR_RECENT;
     g->slot_key = g->slot_keys[score_of(g->variant)];
     g->duel_half_life = s->half_life * DUEL_SLOWDOWN;
     g->rank_half_life = s->half_life * RANK_SLOWDOWN;
@@ -546,7 +560,7 @@ int guanaco_policy_guanaco_create(const struct guanaco_policy_state *s, const st
     g->layer_order = (struct guanaco_heap_keys){.keys = g->layer_key, .tiers = g->layer_tier};
     for (uint32_t i = 0; i < s->n_slots; i++) {
         g->slot_position[i] = GUANACO_HEAP_ABSENT;
-        g->slot_keys[0][i] = g->slot_keys[1][i] = -INFINITY;
+        g->slot_keys[0][i] = g->slot_keys[1][i] = g->slot_keys[2][i] = -INFINITY;
         g->rank_hits[i] = log2(RANK_PRIOR * (double)(s->n_expert - i % s->n_expert) / s->n_expert);
     }
     for (uint32_t layer = 0; layer < s->n_layer; layer++) {
