@@ -70,8 +70,9 @@ enum guanaco_policy_kind {
 /* guanaco's choice (policy_guanaco.c): whether a layer keeps its working-set floor, and whether the order in
    which a layer's experts leave remembers a short history (recency) or a long one (frequency); or lru's order
    over every slot, with no floor and no shares. ADAPT, the default, runs a shadow copy of the policy for each of
-   the five fixed variants on the same accesses, starts in lru's order and follows the one that missed least
-   lately; the fixed variants are those shadows (and tests). Other kinds ignore it. */
+   the five fixed variants on the same accesses, starts in lru's order (with a prior from guanaco_policy_seed:
+   the floor and recency, which use it) and follows the one that missed least lately; the fixed variants are
+   those shadows (and tests). Other kinds ignore it. */
 enum guanaco_policy_variant {
     GUANACO_POLICY_ADAPT,
     GUANACO_POLICY_FLOOR_RECENT,

@@ -306,6 +306,18 @@ static void follow_score(struct guanaco *g, const struct guanaco_policy_state *s
     }
 }
 
+/* Switches the followed variant: the heaps re-sort for another score, and every layer takes its new place. */
+static void follow(struct guanaco *g, const struct guanaco_policy_state *s, unsigned variant) {
+    unsigned was = g->variant;
+    g->variant = variant;
+    if (score_of(variant) != score_of(was)) {
+        follow_score(g, s, score_of(variant));
+    }
+    for (uint32_t l = 0; l < s->n_layer; l++) {
+        refresh(g, s, l);
+    }
+}
+
 /* Set dueling (after Qureshi et al.'s DIP): each shadow runs one fixed variant on the same accesses; the policy
    follows the one with the fewest decayed misses, once it leads the followed one by DUEL_MARGIN, so that noise
    between near ties does not flip it. A switch re-sorts the layers (and their heaps, for another score). */
@@ -322,14 +334,7 @@ static void run_duel(struct guanaco *g, const struct guanaco_policy_state *s, ui
     if (best == g->variant || !(g->shadow_misses[best] < g->shadow_misses[g->variant] + log2(1.0 - DUEL_MARGIN))) {
         return;
     }
-    unsigned was = g->variant;
-    g->variant = best;
-    if (score_of(best) != score_of(was)) {
-        follow_score(g, s, score_of(best));
-    }
-    for (uint32_t l = 0; l < s->n_layer; l++) {
-        refresh(g, s, l);
-    }
+    follow(g, s, best);
 }
 
 static void guanaco_access_end(void *impl, const struct guanaco_policy_state *s, uint32_t layer) {
@@ -441,6 +446,11 @@ static void guanaco_hint(void *impl, const struct guanaco_policy_state *s, uint3
 
 static void guanaco_seed(void *impl, const struct guanaco_policy_state *s, uint32_t layer, const double *rate) {
     struct guanaco *g = impl;
+    if (g->shadows[0] && g->variant == LRU_ORDER) {
+        /* A prior says which experts matter, and lru's order has no place for it: a seeded duel starts in the
+           order the prior fills (the floor, recency), where it started before lru's order was a variant. */
+        follow(g, s, 0);
+    }
     for (unsigned v = 0; v < VARIANTS && g->shadows[v]; v++) {
         guanaco_policy_seed(g->shadows[v], layer, rate);
     }
@@ -551,7 +561,8 @@ int guanaco_policy_guanaco_create(const struct guanaco_policy_state *s, const st
     }
     g->score_half_life[0] = s->half_life / RECENCY_SPEEDUP;
     g->score_half_life[1] = s->half_life / FREQUENCY_SPEEDUP;
-    /* ADAPT starts in lru's order: where no variant leads by DUEL_MARGIN it stays there, and ties lru */
+    /* ADAPT starts in lru's order: where no variant leads by DUEL_MARGIN it stays there, and ties lru (a prior,
+       guanaco_seed, moves it to the floor and recency first) */
     g->variant = s->variant == GUANACO_POLICY_ADAPT ? LRU_ORDER : (unsigned)s->variant - GUANACO_POLICY_FLOOR_RECENT;
     g->slot_key = g->slot_keys[score_of(g->variant)];
     g->duel_half_life = s->half_life * DUEL_SLOWDOWN;
