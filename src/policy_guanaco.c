@@ -60,7 +60,8 @@
                                 (switching on noise), at 0.1 qwen3-preset's gain at 8 experts per layer was gone */
 #define VARIANTS 5           /* the fixed ones, enum guanaco_policy_variant from FLOOR_RECENT on */
 #define LRU_ORDER 4          /* the fifth: lru's order, every slot by its last use, no floor, no shares */
-#define SCORES 3             /* the keep orders: recent, frequent, last use */
+#define LAST_USE 2           /* the keep orders (scores) are recent (0), frequent (1) and the last use (lru's) */
+#define SCORES 3
 
 struct guanaco {
     double score_half_life[2]; /* the cold-first scores, recent and frequent: the config's half_life / *_SPEEDUP */
@@ -118,7 +119,7 @@ static bool keeps_floor(unsigned variant) {
 }
 
 static unsigned score_of(unsigned variant) {
-    return variant == LRU_ORDER ? 2 : variant & 1;
+    return variant == LRU_ORDER ? LAST_USE : variant & 1;
 }
 
 static double score_time(const struct guanaco *g, const struct guanaco_policy_state *s, unsigned score) {
@@ -263,10 +264,10 @@ static void guanaco_touch(void *impl, const struct guanaco_policy_state *s, uint
     }
     g->n_touched += 1;
     g->begin_key[slot] = g->slot_key[slot];
-    for (unsigned score = 0; score < 2; score++) {
+    for (unsigned score = 0; score < LAST_USE; score++) {
         g->slot_keys[score][slot] = guanaco_policy_decayed_add(g->slot_keys[score][slot], score_time(g, s, score), 1.0);
     }
-    g->slot_keys[2][slot] = (double)++g->touches;
+    g->slot_keys[LAST_USE][slot] = (double)++g->touches;
     if (hit) {
         guanaco_heap_update(&g->slot_heaps[layer], slot);
     } else {
@@ -460,7 +461,7 @@ static void guanaco_seed(void *impl, const struct guanaco_policy_state *s, uint3
             continue;
         }
         uint32_t slot = layer * s->n_expert + e;
-        for (unsigned score = 0; score < 2; score++) {
+        for (unsigned score = 0; score < LAST_USE; score++) {
             /* a use in every token keeps a decayed count at 1 / (1 - 2^(-1/H)) */
             double every_token = 1.0 / (1.0 - exp2(-1.0 / g->score_half_life[score]));
             g->slot_keys[score][slot] =
@@ -571,7 +572,9 @@ int guanaco_policy_guanaco_create(const struct guanaco_policy_state *s, const st
     g->layer_order = (struct guanaco_heap_keys){.keys = g->layer_key, .tiers = g->layer_tier};
     for (uint32_t i = 0; i < s->n_slots; i++) {
         g->slot_position[i] = GUANACO_HEAP_ABSENT;
-        g->slot_keys[0][i] = g->slot_keys[1][i] = g->slot_keys[2][i] = -INFINITY;
+        for (unsigned score = 0; score < SCORES; score++) {
+            g->slot_keys[score][i] = -INFINITY;
+        }
         g->rank_hits[i] = log2(RANK_PRIOR * (double)(s->n_expert - i % s->n_expert) / s->n_expert);
     }
     for (uint32_t layer = 0; layer < s->n_layer; layer++) {
