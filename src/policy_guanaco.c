@@ -39,7 +39,7 @@
  * per-rank counts already keep a hot layer's experts.
  * Scores and rank counts are decayed counts (guanaco_policy_decayed_add).
  * O(log n) per victim, O(n_expert) per hit (its rank), O(n_layer) per evict;
- * ADAPT does all of it six times (itself and five shadows).
+ * ADAPT does all of it five times (itself and four shadows; the fifth shadow, lru's order, is the lru kind).
  */
 #include "policy_impl.h"
 
@@ -196,16 +196,18 @@ static void refresh(struct guanaco *g, const struct guanaco_policy_state *s, uin
         }
         return;
     }
-    bool marked = s->layer_last_call[layer] == s->call + 1; /* its access is next: it keeps what that needs */
-    g->layer_tier[layer] = marked ? g->surplus[layer] == 0
-                                  : keeps_floor(g->variant) && s->layer_resident[layer] <= g->working_set[layer] &&
-                                        !floor_lapsed(g, s, layer);
-    uint32_t last = s->layer_resident[layer] - 1 + (marked ? g->incoming[layer] : 0); /* ranks after its reads */
-    last = last < s->n_expert ? last : s->n_expert - 1;
-    g->layer_key[layer] = g->rank_hits[(size_t)layer * s->n_expert + last] - log2((double)s->expert_bytes[layer]);
     if (g->variant == LRU_ORDER) { /* the layer whose coldest expert was used longest ago, as lru takes it */
         g->layer_tier[layer] = 0;
         g->layer_key[layer] = g->slot_key[guanaco_heap_top(&g->slot_heaps[layer])];
+    } else {
+        bool marked = s->layer_last_call[layer] == s->call + 1; /* its access is next: it keeps what that needs */
+        g->layer_tier[layer] = marked ? g->surplus[layer] == 0
+                                      : keeps_floor(g->variant) && s->layer_resident[layer] <= g->working_set[layer] &&
+                                            !floor_lapsed(g, s, layer);
+        uint32_t last = s->layer_resident[layer] - 1 + (marked ? g->incoming[layer] : 0); /* ranks after its reads */
+        last = last < s->n_expert ? last : s->n_expert - 1;
+        g->layer_key[layer] =
+            g->rank_hits[(size_t)layer * s->n_expert + last] - log2((double)s->expert_bytes[layer]);
     }
     if (guanaco_heap_contains(&g->layer_heap, layer)) {
         guanaco_heap_update(&g->layer_heap, layer);
@@ -541,8 +543,10 @@ int guanaco_policy_guanaco_create(const struct guanaco_policy_state *s, const st
         g->shadow_victim_layers = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
         g->shadow_victim_experts = guanaco_policy_alloc(slots, sizeof(uint32_t), &ok);
         for (unsigned v = 0; v < VARIANTS && ok; v++) {
+            /* lru's order is the lru kind's, O(1) per access where a guanaco copy ranks every hit (test_policy
+               checks that the two miss alike) */
             struct guanaco_policy_config shadow = {
-                .kind = GUANACO_POLICY_GUANACO,
+                .kind = v == LRU_ORDER ? GUANACO_POLICY_LRU : GUANACO_POLICY_GUANACO,
                 .n_layer = s->n_layer,
                 .n_expert = s->n_expert,
                 .expert_bytes = s->expert_bytes,
