@@ -373,7 +373,8 @@ static int start_predictor(struct guanaco_engine *engine) {
     engine->predicted = calloc((size_t)m->n_expert, sizeof(*engine->predicted));
 
     engine->predictor_seen = calloc((size_t)m->n_expert, 1);
-    if (!moe_layer || !engine->predicted || !engine->predictor_seen) {
+    engine->predictor_absent = calloc((size_t)m->n_expert, 1);
+    if (!moe_layer || !engine->predicted || !engine->predictor_seen || !engine->predictor_absent) {
         free(moe_layer);
         return -ENOMEM;
     }
@@ -469,8 +470,12 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
             n_read = n;
         } else {
             if (next_scores) {
+                for (uint32_t e = 0; e < n_expert; e++) {
+                    engine->predictor_absent[e] = !guanaco_residency_is_resident(engine->residency, next, e);
+                }
                 n = guanaco_predictor_predict_scores(engine->predictor, (uint32_t)layer, next_scores,
-                                                     (uint32_t)n_tokens, engine->predicted, n_expert);
+                                                     (uint32_t)n_tokens, engine->predictor_absent, engine->predicted,
+                                                     n_expert);
             }
             if (n == 0) {
                 n = guanaco_predictor_predict(engine->predictor, (uint32_t)layer, ids, (uint32_t)k,
@@ -1138,6 +1143,7 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
     free(engine->guarded_mappings);
     free(engine->predicted);
     free(engine->predictor_seen);
+    free(engine->predictor_absent);
     for (int s = 0; engine->shard_fds && s < engine->manifest.n_shards; s++) {
         if (engine->shard_fds[s] >= 0) {
             close(engine->shard_fds[s]);

@@ -55,6 +55,7 @@ struct guanaco_engine {
     pthread_mutex_t predictor_lock;            /* the predictor and the two scratch arrays below */
     uint32_t *predicted;                       /* n_expert: the guess handed to the residency engine */
     uint8_t *predictor_seen;                   /* n_expert: distinct ids of the current layer */
+    uint8_t *predictor_absent;                 /* n_expert: the next layer's experts not resident, for gate */
     struct guanaco_router_gate *router_gate;   /* --guanaco-prefetch gate: each layer's router, else NULL */
     struct guanaco_read_ahead_throttle throttle[2]; /* decode, prompt ubatches; under predictor_lock */
     uint64_t auto_memory;                      /* --guanaco-ram auto: the memory it divides; 0 otherwise */

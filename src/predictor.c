@@ -155,12 +155,12 @@ bool guanaco_predictor_uses_scores(const struct guanaco_predictor *p) {
 }
 
 size_t guanaco_predictor_predict_scores(struct guanaco_predictor *p, uint32_t layer, const float *scores,
-                                        uint32_t n_tokens, uint32_t *out, size_t capacity) {
+                                        uint32_t n_tokens, const uint8_t *absent, uint32_t *out, size_t capacity) {
     if (!guanaco_predictor_uses_scores(p) || !scores || !out || capacity == 0 || n_tokens == 0 ||
         n_tokens > GUANACO_GATE_MAX_TOKENS || !routes(p, layer) || p->next_layer[layer] == UINT32_MAX) {
         return 0;
     }
-    return p->ops->predict_scores(p->impl, layer, p->next_layer[layer], scores, n_tokens, out, capacity);
+    return p->ops->predict_scores(p->impl, layer, p->next_layer[layer], scores, n_tokens, absent, out, capacity);
 }
 
 int guanaco_predictor_recall(const struct guanaco_predictor *p, uint32_t layer,

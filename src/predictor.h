@@ -98,9 +98,12 @@ bool guanaco_predictor_uses_scores(const struct guanaco_predictor *p);
 /* Guess the next MoE layer after `layer` from its router's scores for these tokens: n_tokens rows of
    n_expert floats, a higher score meaning more likely chosen (any monotone transform of the router's
    selection scores). Most likely first; returns how many were written, 0 for kinds without scores, the
-   last MoE layer, or n_tokens above GUANACO_GATE_MAX_TOKENS. */
+   last MoE layer, or n_tokens above GUANACO_GATE_MAX_TOKENS. `absent` (NULL, or n_expert flags) marks
+   the next layer's experts that are not resident: their probability is then learned on absent guesses
+   alone, which is what a read-ahead pays for (resident experts are the popular ones, so an absent guess
+   at the same rank is chosen less often). */
 size_t guanaco_predictor_predict_scores(struct guanaco_predictor *p, uint32_t layer, const float *scores,
-                                        uint32_t n_tokens, uint32_t *out, size_t capacity);
+                                        uint32_t n_tokens, const uint8_t *absent, uint32_t *out, size_t capacity);
 
 /* The gate's recall at `layer` (the layer guessed), 0; -ENOTSUP for kinds that keep none, -EINVAL. */
 int guanaco_predictor_recall(const struct guanaco_predictor *p, uint32_t layer,

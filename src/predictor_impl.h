@@ -19,9 +19,10 @@ struct guanaco_predictor_ops {
     double (*probability)(void *impl, size_t i);
     size_t (*predict)(void *impl, uint32_t layer, const int32_t *ids, uint32_t k, uint32_t n_tokens, uint32_t *out,
                       size_t capacity);
-    /* optional (NULL: the kind has no scores); `next` is the next MoE layer, n_tokens checked */
+    /* optional (NULL: the kind has no scores); `next` is the next MoE layer, n_tokens checked; absent may
+       be NULL */
     size_t (*predict_scores)(void *impl, uint32_t layer, uint32_t next, const float *scores, uint32_t n_tokens,
-                             uint32_t *out, size_t capacity);
+                             const uint8_t *absent, uint32_t *out, size_t capacity);
     /* optional; layer < n_layer */
     int (*recall)(void *impl, uint32_t layer, struct guanaco_predictor_recall *recall);
     void (*free)(void *impl);

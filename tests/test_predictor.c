@@ -526,18 +526,18 @@ static void test_gate_scores_rank_and_fallback(void) {
     uint32_t best[4] = {7, 3, 12, 0};
     gate_scores(scores, n, best, 4);
     uint32_t out[16];
-    size_t emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, out, n);
+    size_t emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, NULL, out, n);
     /* top k + margin = 4 ranks, in score order: before any observation the top k lead the margin */
     CHECK(emitted == 4);
     CHECK(out[0] == 7 && out[1] == 3 && contains(out, emitted, 12) && contains(out, emitted, 0));
     CHECK(guanaco_predictor_probability(p, 0, emitted) > guanaco_predictor_probability(p, 3, emitted));
     CHECK(guanaco_predictor_probability(p, 1, emitted) >= 0.5 && guanaco_predictor_probability(p, 3, emitted) < 0.5);
     /* the last MoE layer has nothing after it; prompt-sized ubatches are not scored */
-    CHECK(guanaco_predictor_predict_scores(p, n_layer - 1, scores, 1, out, n) == 0);
-    CHECK(guanaco_predictor_predict_scores(p, 0, scores, GUANACO_GATE_MAX_TOKENS + 1, out, n) == 0);
-    CHECK(guanaco_predictor_predict_scores(p, 0, NULL, 1, out, n) == 0);
+    CHECK(guanaco_predictor_predict_scores(p, n_layer - 1, scores, 1, NULL, out, n) == 0);
+    CHECK(guanaco_predictor_predict_scores(p, 0, scores, GUANACO_GATE_MAX_TOKENS + 1, NULL, out, n) == 0);
+    CHECK(guanaco_predictor_predict_scores(p, 0, NULL, 1, NULL, out, n) == 0);
     /* capacity cuts the most likely first */
-    CHECK(guanaco_predictor_predict_scores(p, 0, scores, 1, out, 1) == 1 && out[0] == 7);
+    CHECK(guanaco_predictor_predict_scores(p, 0, scores, 1, NULL, out, 1) == 1 && out[0] == 7);
     /* without scores it is pilot: nothing known yet, then a learnt map */
     int32_t from[2] = {1, 2}, to[2] = {5, 9};
     CHECK(guanaco_predictor_predict(p, 0, from, k, 1, out, n) == 0);
@@ -551,7 +551,7 @@ static void test_gate_scores_rank_and_fallback(void) {
     p = make(GUANACO_PREDICTOR_PILOT, n_layer, n, k, 0, 0);
     struct guanaco_predictor_recall recall;
     CHECK(!guanaco_predictor_uses_scores(p));
-    CHECK(guanaco_predictor_predict_scores(p, 0, scores, 1, out, n) == 0);
+    CHECK(guanaco_predictor_predict_scores(p, 0, scores, 1, NULL, out, n) == 0);
     CHECK(guanaco_predictor_recall(p, 0, &recall) == -ENOTSUP);
     guanaco_predictor_free(p);
     config.gate_margin = n + 1;
@@ -576,7 +576,7 @@ static void test_gate_calibration(void) {
         random_row(&state, n, 4, row);
         for (int i = 0; i < 4; i++) best[i] = (uint32_t)row[i];
         gate_scores(scores, n, best, 4);
-        emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, out, n);
+        emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, NULL, out, n);
         CHECK(emitted == 4);
         int32_t from[2] = {0, 1}, real[2] = {(int32_t)best[0], (int32_t)best[2]};
         CHECK(guanaco_predictor_observe(p, 0, from, 1, real, k, 1) == 0);
@@ -592,10 +592,65 @@ static void test_gate_calibration(void) {
     CHECK(guanaco_predictor_recall(p, 0, &recall) == 0 && recall.tokens == 0);
     CHECK(guanaco_predictor_recall(p, 2, &recall) == -EINVAL);
     /* an observe for other tokens than the guess (another ubatch size) is not scored */
-    emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, out, n);
+    emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, NULL, out, n);
     int32_t from2[4] = {0, 1, 2, 3}, real2[4] = {4, 5, 6, 7};
     CHECK(guanaco_predictor_observe(p, 0, from2, 1, real2, k, 2) == 0);
     CHECK(guanaco_predictor_recall(p, 1, &recall) == 0 && recall.tokens == 200);
+    guanaco_predictor_free(p);
+}
+
+/* The probability the last guess gave expert `id`, -1 when it was not guessed. */
+static double probability_of(const struct guanaco_predictor *p, const uint32_t *out, size_t emitted, uint32_t id) {
+    for (size_t i = 0; i < emitted; i++) {
+        if (out[i] == id) {
+            return guanaco_predictor_probability(p, i, emitted);
+        }
+    }
+    return -1;
+}
+
+/* The rate of absent guesses is learnt apart: when the router's first choice is always right where it is
+   resident and always wrong where it is absent (the popular experts are the resident ones), an absent first
+   choice falls below the read rule's bar while the rank's overall rate stays high; told nothing absent, the
+   guess reads as before. */
+static void test_gate_absent_calibration(void) {
+    const uint32_t n = 16, k = 2;
+    struct guanaco_predictor_config config = {.kind = GUANACO_PREDICTOR_GATE, .n_layer = 2, .n_expert = n,
+                                              .top_k = k, .gate_margin = 2};
+    struct guanaco_predictor *p = NULL;
+    CHECK(guanaco_predictor_create(&config, &p) == 0);
+    uint8_t absent[16] = {0};
+    for (uint32_t e = 8; e < n; e++) {
+        absent[e] = 1; /* experts 8-15 are never resident */
+    }
+    uint64_t state = 5;
+    float scores[16];
+    uint32_t out[16];
+    for (int round = 0; round < 400; round++) {
+        int32_t row[4];
+        random_row(&state, n, 4, row);
+        uint32_t best[4];
+        for (int i = 0; i < 4; i++) best[i] = (uint32_t)row[i];
+        gate_scores(scores, n, best, 4);
+        CHECK(guanaco_predictor_predict_scores(p, 0, scores, 1, absent, out, n) == 4);
+        /* the first choice is right when resident; the second always */
+        int32_t from[2] = {0, 1}, real[2] = {absent[best[0]] ? (int32_t)best[3] : (int32_t)best[0], (int32_t)best[1]};
+        if (real[0] == real[1]) {
+            real[0] = (int32_t)best[2];
+        }
+        CHECK(guanaco_predictor_observe(p, 0, from, 1, real, k, 1) == 0);
+    }
+    uint32_t absent_first[4] = {9, 2, 3, 4}, resident_first[4] = {2, 9, 3, 4};
+    gate_scores(scores, n, absent_first, 4);
+    size_t emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, absent, out, n);
+    CHECK(emitted == 4 && probability_of(p, out, emitted, 9) < 0.2);
+    /* the same expert at the same rank, not marked absent: the rank's overall rate, about a half */
+    emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, NULL, out, n);
+    CHECK(emitted == 4 && probability_of(p, out, emitted, 9) > 0.3);
+    /* a resident first choice is not marked absent either */
+    gate_scores(scores, n, resident_first, 4);
+    emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, absent, out, n);
+    CHECK(emitted == 4 && probability_of(p, out, emitted, 2) > 0.3);
     guanaco_predictor_free(p);
 }
 
@@ -613,7 +668,7 @@ static void test_gate_union(void) {
     gate_scores(scores + n, n, b, 2);
     gate_scores(scores + 2 * n, n, c, 2);
     uint32_t out[8];
-    size_t emitted = guanaco_predictor_predict_scores(p, 0, scores, 3, out, n);
+    size_t emitted = guanaco_predictor_predict_scores(p, 0, scores, 3, NULL, out, n);
     CHECK(emitted == 4 && out[0] == 4 && contains(out, emitted, 2) && contains(out, emitted, 6) &&
           contains(out, emitted, 1));
     for (size_t i = 1; i < emitted; i++) {
@@ -621,7 +676,7 @@ static void test_gate_union(void) {
     }
     for (uint32_t e = 0; e < n; e++) scores[e] = NAN;
     scores[5] = -100.0f;
-    emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, out, n);
+    emitted = guanaco_predictor_predict_scores(p, 0, scores, 1, NULL, out, n);
     CHECK(emitted == 2 && out[0] == 5);
     guanaco_predictor_free(p);
 }
@@ -815,6 +870,7 @@ int main(void) {
     test_long_run();
     test_gate_scores_rank_and_fallback();
     test_gate_calibration();
+    test_gate_absent_calibration();
     test_gate_union();
     test_throttle();
     return check_summary();
