@@ -141,7 +141,7 @@ read -ra VARIANT_LIST <<<"$VARIANTS"
 [ ${#VARIANT_LIST[@]} -gt 0 ] || die "--variants is empty"
 for variant in "${VARIANT_LIST[@]}"; do variant_parse "$variant"; done # before an hour of runs, not during
 OUT=${OUT:-$ROOT/build/bench/$(basename "$MODEL" .gguf)${REPLAY:+-replay}}
-SIZE=$(stat -c %s "$MODEL")
+SIZE=$(stat -L -c %s "$MODEL")
 MEMTOTAL=$(($(awk '/MemTotal/ { print $2 }' /proc/meminfo) * 1024))
 RUNS="$OUT/runs.csv"
 if [ "${REPORT_ONLY:-0}" = 1 ]; then
@@ -190,7 +190,7 @@ $(awk '/MemTotal/ { printf "%.1f GiB RAM", $2 / 1048576 }' /proc/meminfo), kerne
 DEVICE=$(df --output=source "$MODEL" | tail -1)
 # The device's read-ahead decides how plain llama.cpp's page faults stream the file (8 MiB reads it in 2 MiB
 # page-cache folios); sysfs, as opening the device itself may be refused. A partition reads its disk's.
-DEVNUM=$(stat -c '%Hd:%Ld' "$MODEL")
+DEVNUM=$(stat -L -c '%Hd:%Ld' "$MODEL")
 READAHEAD=$(cat "/sys/dev/block/$DEVNUM/queue/read_ahead_kb" 2>/dev/null ||
     cat "/sys/dev/block/$DEVNUM/../queue/read_ahead_kb" 2>/dev/null || echo "?")
 

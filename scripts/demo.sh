@@ -32,7 +32,7 @@ if [ ! -f "$MODEL" ]; then
         -o "$MODEL.partial"
     mv "$MODEL.partial" "$MODEL"
 fi
-SIZE=$(stat -c %s "$MODEL")
+SIZE=$(stat -L -c %s "$MODEL")
 LIMIT=${GUANACO_DEMO_LIMIT:-$((SIZE / 2))}
 echo "demo: model $((SIZE / 1000000)) MB, memory limit $((LIMIT / 1000000)) MB (cgroup v1), $TOKENS decode tokens, 2 threads"
 

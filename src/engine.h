@@ -52,7 +52,7 @@ struct guanaco_engine {
     struct guanaco_residency_stats after_preload; /* what the preload did, left out of the closing line */
     uint64_t status_last_tokens, status_last_ns;
     struct guanaco_predictor *predictor;       /* --guanaco-prefetch, or NULL when there is no read-ahead */
-    pthread_mutex_t predictor_lock;            /* the predictor and the two scratch arrays below */
+    pthread_mutex_t predictor_lock;            /* the predictor and the scratch arrays below */
     uint32_t *predicted;                       /* n_expert: the guess handed to the residency engine */
     uint8_t *predictor_seen;                   /* n_expert: distinct ids of the current layer */
     uint8_t *predictor_absent;                 /* n_expert: the next layer's experts not resident, for gate */
