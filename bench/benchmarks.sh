@@ -59,6 +59,17 @@ if [ "${1:-}" != --assemble ]; then
         NR == 2 { gsub(/"/, "", $c["avg_ts"]); printf "%.0f", 4 * 1000 / $c["avg_ts"] }' "$DIR/mixtral-8L-ram.csv")
 
     # ---- live: side by side ----
+    # the pipeline first (issue 8's targets): prefetch none against pilot, prompt and decode, replayed and own
+    # routing; a run cut short then still holds them
+    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --replay "$QWEN24_PRESET" --budgets 25 \
+        --variants "ram plain guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 32 --prompt 256 --reps 3 \
+        --out "$DIR/qwen3-24-pipeline" --title "Qwen3-30B-A3B shape, 24 layers, Q8_0, replayed Qwen3 preset routing, 25%: prefetch none against pilot"
+    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --budgets 25 \
+        --variants "ram plain guanaco+prefetch=none guanaco+prefetch=pilot guanaco+prefetch=gate" --tokens 32 --prompt 256 --reps 3 \
+        --out "$DIR/qwen3-24-own" --title "Qwen3-30B-A3B shape, 24 layers, Q8_0, the model's own routing, 25%: prefetch none, pilot and gate"
+    bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets "10 25 50" \
+        --variants "plain guanaco" --tokens "$TOKENS" --prompt 0 --reps "$REPS" --compute-ms "$mixtral_ms" \
+        --out "$DIR/mixtral-replay" --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing (humaneval)"
     bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --budgets "10 25 50 100" --variants "ram plain guanaco" \
         --tokens "$TOKENS" --prompt 0 --reps "$REPS" --out "$DIR/qwen3-random" \
         --title "Qwen3-30B-A3B shape, Q4_0, llama-bench's routing"
@@ -68,9 +79,6 @@ if [ "${1:-}" != --assemble ]; then
         --prompt 32 --reps "$REPS" --compute-ms "$qwen_ms" \
         --variants "ram plain lazy guanaco:layer-lru:direct:io_uring guanaco:layer-lru:page-cache:io_uring guanaco:layer-lru:direct:threads guanaco:lru guanaco:lfu guanaco:guanaco" \
         --out "$DIR/qwen3-variants" --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25% budget: every variant"
-    bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets "10 25 50" \
-        --variants "plain guanaco" --tokens "$TOKENS" --prompt 0 --reps "$REPS" --compute-ms "$mixtral_ms" \
-        --out "$DIR/mixtral-replay" --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing (humaneval)"
     # the two ways of making experts resident, alternating, two rounds each
     bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets 25 \
         --variants "guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens 8 --prompt 0 --reps 2 \
@@ -90,13 +98,6 @@ if [ "${1:-}" != --assemble ]; then
         --compute-ms "$mixtral_ms" --out "$DIR/mixtral-prefetch-ab" \
         --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing, 25%: prefetch none against pilot"
     bash "$ROOT/bench/overhead.sh" --model "$QWEN" >"$DIR/overhead.txt"
-    # the pipeline: prefetch none against pilot, prompt and decode, replayed and own routing; the warm start
-    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --replay "$QWEN24_PRESET" --budgets 25 \
-        --variants "ram plain guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 32 --prompt 256 --reps 3 \
-        --out "$DIR/qwen3-24-pipeline" --title "Qwen3-30B-A3B shape, 24 layers, Q8_0, replayed Qwen3 preset routing, 25%: prefetch none against pilot"
-    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --budgets 25 \
-        --variants "ram plain guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 32 --prompt 256 --reps 3 \
-        --out "$DIR/qwen3-24-own" --title "Qwen3-30B-A3B shape, 24 layers, Q8_0, the model's own routing, 25%: prefetch none against pilot"
     bash "$ROOT/bench/warm_start.sh" --model "$QWEN24" --ram 16G --reps 3 >"$DIR/warm-start.txt"
 fi
 
