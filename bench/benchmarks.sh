@@ -5,7 +5,7 @@
 # live side-by-side comparisons (bench/side_by_side.sh), and assembles their
 # reports into BENCHMARKS.md with the plots under docs/bench/.
 #
-#   bench/benchmarks.sh              everything (over 2 h on 2 cores and a 1-2 GB/s disk)
+#   bench/benchmarks.sh              everything (96 min on 2 cores and a 1-2 GB/s disk, models already written)
 #   bench/benchmarks.sh --assemble   only rebuild BENCHMARKS.md from the last runs' reports
 #
 # Knobs (environment): BENCH_DIR (models and runs, default build/bench), BENCH_REPS (default 1),
@@ -98,7 +98,7 @@ if [ "${1:-}" != --assemble ]; then
         --compute-ms "$mixtral_ms" --out "$DIR/mixtral-prefetch-ab" \
         --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing, 25%: prefetch none against pilot"
     bash "$ROOT/bench/overhead.sh" --model "$QWEN" >"$DIR/overhead.txt"
-    bash "$ROOT/bench/warm_start.sh" --model "$QWEN24" --ram 16G --reps 3 >"$DIR/warm-start.txt"
+    bash "$ROOT/bench/warm_start.sh" --model "$QWEN24" --ram 16G --reps 5 >"$DIR/warm-start.txt"
 fi
 
 # ---- assemble ----
