@@ -308,6 +308,16 @@ static uint64_t mem_available(void) {
 }
 
 /* --guanaco-ram auto (budget.c): the memory it divides is read once, at load. */
+/* Where an expert tensor's MUL_MAT_ID comes in its layer's graph (llama-graph.cpp's build_moe_ffn): up (or the
+   fused gate_up) first, then gate, then down; anything else last. */
+#define COMPUTE_RANKS 4
+static size_t compute_rank(const char *name) {
+    if (strstr(name, "ffn_up_exps") || strstr(name, "ffn_gate_up_exps")) {
+        return 0;
+    }
+    return strstr(name, "ffn_gate_exps") ? 1 : strstr(name, "ffn_down_exps") ? 2 : 3;
+}
+
 static uint64_t automatic_budget(struct guanaco_engine *engine) {
     const struct guanaco_manifest *m = &engine->manifest;
     uint64_t limit = cgroup_memory_limit();
@@ -552,8 +562,13 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     /* Both knobs may be set and the tighter wins; a budget not given is derived. */
     uint64_t budget = o->ram_bytes ? o->ram_bytes : automatic_budget(engine);
     const bool everything_fits = budget >= m->expert_bytes && (!o->max_experts || o->max_experts >= (uint32_t)m->n_expert);
-    for (size_t i = 0; i < m->n_tensors; i++) {
+    /* Each layer's tensors in the order its matmuls run, so that --guanaco-overlap-layer reads them so */
+    for (size_t step = 0; step < COMPUTE_RANKS * m->n_tensors; step++) {
+        size_t i = step % m->n_tensors;
         const struct guanaco_expert_tensor *e = &m->tensors[i];
+        if (compute_rank(e->name) != step / m->n_tensors) {
+            continue;
+        }
         if (!mapping_base[e->shard]) {
             guanaco_log_error("expert tensor %s was not mapped by the loader", e->name);
             return -EINVAL;
@@ -598,6 +613,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
                               ? guanaco_read_ahead_allowance(budget) : 0,
         .stream_prompts = o->stream_prompts,
         .huge_folios = o->huge_folios,
+        .overlap_layer = o->overlap_layer,
     };
     err = guanaco_residency_create(&config, &engine->residency);
     if (err == -ENOSYS && config.io_backend == GUANACO_IO_URING) {
@@ -650,10 +666,13 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
                  gib(config.prefetch_bytes));
     }
     guanaco_log_info("residency: budget %.2f GiB of %.2f GiB expert weights (%.0f%%), max %u experts per layer, "
-                     "policy %s, io %s, load %s, prefetch %s, status every %u tokens",
+                     "policy %s, io %s, load %s%s, prefetch %s, status every %u tokens",
                      gib(budget), gib(m->expert_bytes), 100.0 * (double)budget / (double)m->expert_bytes,
                      o->max_experts, guanaco_policy_kind_name(config.policy), guanaco_io_backend_name(config.io_backend),
-                     load_name(started.load), prefetch, o->status_every);
+                     load_name(started.load),
+                     o->overlap_layer && started.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE
+                         ? " (a layer computes while its reads land)" : "",
+                     prefetch, o->status_every);
     engine->status_last_ns = guanaco_now_ns();
     return 0;
 }

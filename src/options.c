@@ -52,7 +52,7 @@ static const char *const repack_choices[] = {"off", "on", "auto", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_STREAM_PROMPTS, OPTION_HUGE_FOLIOS, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_COUNT
+    OPTION_STREAM_PROMPTS, OPTION_HUGE_FOLIOS, OPTION_OVERLAP_LAYER, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -92,6 +92,11 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_HUGE_FOLIOS] = {"guanaco-huge-folios", "GUANACO_HUGE_FOLIOS", OPTION_BOOL, NULL,
                             "page-cache loading reads each expert slice's 2 MiB-aligned middle in 2 MiB folios, "
                             "where the kernel allows (default: on)"},
+    [OPTION_OVERLAP_LAYER] = {"guanaco-overlap-layer", "GUANACO_OVERLAP_LAYER", OPTION_BOOL, NULL,
+                              "page-cache loading: a layer computes as soon as its missing experts' reads are "
+                              "issued, in the order it computes them, and waits in the kernel for each page as "
+                              "it lands, so the resident experts compute while the disk reads (default: on, "
+                              "measured; off: the layer waits for all its reads first)"},
     [OPTION_PREFETCH] = {"guanaco-prefetch", "GUANACO_PREFETCH", OPTION_CHOICE, prefetch_choices,
                          "read the next layer's experts while the current one computes, as predicted by: pilot "
                          "(cross-layer statistics), gate (the next layer's router on this layer's input; pilot "
@@ -144,6 +149,7 @@ static int default_value(enum option_id id) {
     case OPTION_AUDIT: return 0; /* a diagnostic: its walk costs 5% of a 32-token decode (README) */
     case OPTION_PRELOAD: return 1;
     case OPTION_HUGE_FOLIOS: return 1; /* Mixtral Q4_0 at 25%: see README's --guanaco-huge-folios row */
+    case OPTION_OVERLAP_LAYER: return 1; /* 24-layer Qwen3 Q8_0, replayed, 25%: README's --guanaco-overlap-layer row */
     case OPTION_STREAM_PROMPTS: return 1; /* 1024-token prompts 1.07-1.11x plain at 10-50%, 0.74-0.94x off (README) */
     case OPTION_REPACK: return GUANACO_REPACK_AUTO;
     case OPTION_PREFETCH_THROTTLE: return 1;
@@ -362,6 +368,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->preload = value[OPTION_PRELOAD] != 0;
     out->stream_prompts = value[OPTION_STREAM_PROMPTS] != 0;
     out->huge_folios = value[OPTION_HUGE_FOLIOS] != 0;
+    out->overlap_layer = value[OPTION_OVERLAP_LAYER] != 0;
     out->prefetch = value[OPTION_PREFETCH];
     out->prefetch_throttle = value[OPTION_PREFETCH_THROTTLE] != 0;
     out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;

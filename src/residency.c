@@ -192,6 +192,9 @@ struct guanaco_residency {
     int policy_fault;       /* tests only: the next call's policy access fails with it (0 = none) */
     bool stale;             /* a shard changed on disk: every later call fails */
     bool populate_by_touch; /* MADV_POPULATE_READ is missing: touch one byte per page instead */
+    bool overlap_layer;     /* config: a call returns once its reads are issued; the matmuls fault the pages in */
+    bool preloading;        /* the preload maps what it reads: nothing computes from it soon, and this VM's
+                               DAMON pages out cold unmapped file pages */
     bool no_cachestat;      /* cachestat(2) is missing or failed once: the warm start asks mincore */
     struct guanaco_residency_stats stats;
 };
@@ -654,6 +657,9 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     if (!err) {
         advise_random(r);
     }
+    /* DIRECT places whole copies and an arena needs its transform, so only the page cache's own pages can be
+       faulted in by the matmuls */
+    r->overlap_layer = config->overlap_layer && r->load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
     err = err ? err : create_policy(r, config);
     err = err ? err : prefetch_create(r, config);
     err = err ? err : stream_create(r, config);
@@ -1098,10 +1104,14 @@ static void drop_arena_file_pages(struct guanaco_residency *r, uint32_t layer) {
 }
 
 /* Expert e's slice of t where it computes: the arena's transformed copy, or the mapping's pages (populate,
-   rounded outward: the edge pages hold its bytes too). */
+   rounded outward: the edge pages hold its bytes too). With overlap_layer the pages are read or being read,
+   and the matmul that needs them faults them in: the kernel waits for a page still reading. */
 static int place_slice(struct guanaco_residency *r, const struct tensor *t, uint32_t e) {
     if (t->arena) {
         return transform_slice(r, t, e);
+    }
+    if (r->overlap_layer && !r->preloading) {
+        return 0;
     }
     uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
     return populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
@@ -1125,11 +1135,16 @@ static void add_slice_requests(struct guanaco_residency *r, size_t *n_requests, 
 }
 
 /* PAGE_CACHE: every slice in chunks, all in one job, with no destination: the kernel reads them into the
- * page cache (WILLNEED) without a copy to user memory, and mapping them (populate) waits for the disk. */
+ * page cache (WILLNEED) without a copy to user memory, and mapping them (populate) waits for the disk.
+ * With overlap_layer they go tensor by tensor (r->missing is sorted), the order the matmuls fault them in, so
+ * the disk answers about when compute gets there. */
 static size_t page_cache_requests(struct guanaco_residency *r, const struct layer *l, size_t n) {
     size_t n_requests = 0;
-    for (size_t i = 0; i < n; i++) {
-        for (uint32_t k = 0; k < l->n_tensors; k++) {
+    const bool by_tensor = r->overlap_layer;
+    for (size_t outer = 0; outer < (by_tensor ? l->n_tensors : n); outer++) {
+        for (size_t inner = 0; inner < (by_tensor ? n : l->n_tensors); inner++) {
+            size_t i = by_tensor ? inner : outer;
+            uint32_t k = (uint32_t)(by_tensor ? outer : inner);
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride, b = a + t->stride;
             /* the middle in huge folios (demand_huge_create) */
@@ -1789,6 +1804,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
        lands while the disk reads it. */
     struct guanaco_io_job job;
     uint64_t start = guanaco_now_ns();
+    if (r->overlap_layer) {
+        qsort(r->missing, n_missing, sizeof(*r->missing), compare_u32); /* MUL_MAT_ID's order */
+    }
     size_t n_requests = n_missing ? submit_demand(r, layer, n_missing, &job) : 0;
     size_t n_demand = n_missing;
     pending_error = drop_pending(r, true); /* this call's experts are held by now; the last layer has computed */
@@ -1856,7 +1874,9 @@ int guanaco_residency_prepare_layer(struct guanaco_residency *r, uint32_t layer,
 
 int guanaco_residency_preload_layer(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids) {
     pthread_mutex_lock(&r->lock);
+    r->preloading = true;
     int ret = prepare_locked(r, layer, ids, n_ids, 0, false);
+    r->preloading = false;
     pthread_mutex_unlock(&r->lock);
     return ret;
 }

@@ -140,6 +140,11 @@ struct guanaco_residency_config {
        PAGE_CACHE loading without arenas only; elsewhere ignored. */
     bool stream_prompts;
     bool huge_folios;               /* read 2 MiB-aligned ranges in huge folios where the kernel allows (page cache) */
+    /* PAGE_CACHE, tensors without an arena: a call returns once its reads are issued, without mapping what it
+       read; the matmuls then fault each page in, waiting in the kernel for the reads still in flight, so a
+       layer's resident experts compute while its misses read. The reads go in the order of the layer's tensors
+       (give them in the order they compute) and, within one, by expert number, the order MUL_MAT_ID takes. */
+    bool overlap_layer;
 };
 
 struct guanaco_residency_stats {
