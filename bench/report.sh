@@ -31,7 +31,7 @@
 #                       llama-bench ran it: --ubatches (a prompt ubatch is one pass), llama-bench's warmup
 #                       prompt and token replayed but not timed, --preload, the cell's policy, prefetch
 #                       (pilot by default, none for prefetch=none; prefetch=gate is not replayed: its guesses
-#                       need the live activations) and stream-prompts. Inputs, each measured: warm compute per
+#                       need the live activations), stream-prompts and overlap-layer. Inputs, each measured: warm compute per
 #                       decode token (as above) and per prompt token (1000 / the warm ram prompt tok/s; without
 #                       a warm ram prompt rate no prompt is simulated), the disk rate the engine got at its own
 #                       request sizes (its status lines' GB read over read time, over the measured decode and
@@ -124,7 +124,7 @@ engine_rates() { # engine_rates BUDGET VARIANT
 # "gate" for prefetch=gate, which a replay cannot guess as the engine does. DECODE_GBPS and PROMPT_GBPS are
 # engine_rates' figures; PROMPT_MS the warm compute per prompt token or empty.
 simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_MS
-    local b=$1 v=$2 dgbps=$3 pgbps=$4 pms=$5 trace policy predictor=pilot stream=on setting key value
+    local b=$1 v=$2 dgbps=$3 pgbps=$4 pms=$5 trace policy predictor=pilot stream=on overlap=on setting key value
     trace="$OUT/logs/b$b-${v//:/-}-r1.trace"
     [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- -"; return; }
     policy=$(cut -d: -f2 <<<"${v%%+*}:")
@@ -132,15 +132,18 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
     [ "$v" = "${v#*+}" ] && settings=()
     for setting in "${settings[@]}"; do
         key=${setting%%=*} value=${setting#*=}
+        case $value in 0) value=off ;; 1) value=on ;; esac
         case $key in
         prefetch) predictor=$value ;;
         stream-prompts|stream_prompts) stream=$value ;;
+        overlap-layer|overlap_layer) overlap=$value ;;
         *) echo "- -"; return ;; # a setting the replay does not model
         esac
     done
     [ "$predictor" = gate ] && { echo "gate"; return; }
     local args=(--trace "$trace" --model "$model" --budgets "$b%" --policies "${policy:-layer-lru}" --preload
         --ubatches --disk-gbps "$dgbps" --compute-ms "$COMPUTE_MS" --stream-prompts "$stream"
+        --overlap-layer "$overlap"
         --read-cpu-s-per-gb "$READ_CPU_S_PER_GB" --drop-cpu-s-per-gb "$DROP_CPU_S_PER_GB" --cpu-cores "$CORES"
         --threads 1)
     [ "$predictor" != none ] && args+=(--predictor "$predictor")
@@ -274,7 +277,7 @@ done
     echo "serial limit: 1 / (miss bytes per token / fio bandwidth + warm in-RAM compute per token), for comparison."
     echo "% of limit: decode tok/s over the (overlapped) physical limit. simulated tok/s: guanaco-sim replaying the"
     echo "routing rep 1 recorded, as llama-bench ran it (ubatches, warmup replayed untimed, preload, the cell's"
-    echo "policy, prefetch and stream-prompts; prefetch=gate is not replayed: its guesses need live activations),"
+    echo "policy, prefetch, stream-prompts and overlap-layer; prefetch=gate is not replayed: its guesses need live activations),"
     echo "with warm in-RAM compute, the disk rate the engine got in the cell's measured decode and prompt (next"
     echo "table; not fio) and the kernel's CPU per GB of 4 KiB folios ($READ_CPU_S_PER_GB s read, $DROP_CPU_S_PER_GB s drop,"
     echo "$CORES cores); sim error: (simulated - live) / live. bench/SIMULATOR.md has the model and its record."

@@ -158,6 +158,11 @@ void guanaco_pipeline_layer_time(const struct guanaco_layer_reads *reads, double
                          reads->drop_serial_seconds;
     double compute = reads->compute_seconds + reads->kernel_seconds;
     out->overlapped_seconds = compute + out->stall_seconds;
+    if (reads->overlap_layer) {
+        double busy = reads->drop_seconds + compute;
+        out->overlapped_seconds = (busy > waited_seconds ? busy : waited_seconds) + reads->drop_serial_seconds;
+        out->stall_seconds = out->overlapped_seconds - compute;
+    }
     out->serial_seconds = compute + ((double)reads->demand_bytes + used) / bytes_per_second;
     out->hidden_bytes = used * (1 - undone);
 }
@@ -434,6 +439,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
             .demand_bytes = (n_missing - n_used) * expert_bytes,
             .kernel_seconds = run.ahead.active ? run.ahead.kernel_seconds : 0,
             .drop_seconds = (double)drop_bytes * config->drop_cpu_seconds_per_byte,
+            .overlap_layer = config->overlap_layer,
         };
         /* The engine drops this call's victims during the next call's reads, except the last MoE layer's, which
            go at once (between tokens only the budget is cached); a streamed call's own misses (4 KiB folios)

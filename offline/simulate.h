@@ -80,6 +80,16 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  *   overlapped time = stall + compute
  *   serial time     = (demand + ahead_used) / B + compute (the same layer without read-ahead)
  *
+ * With overlap_layer (the engine's --guanaco-overlap-layer, on by default) the
+ * call returns once its reads are issued and its drops done, and the layer
+ * computes while the reads land, waiting only where it reaches a page still
+ * reading:
+ *   overlapped time = max(drop + compute, waited) + drop_serial
+ *   stall           = overlapped time - compute
+ * which assumes the matmuls keep pace with the disk in the order it reads
+ * (the reads go in the order MUL_MAT_ID takes them); the layer's last read
+ * still has its own compute after it, which this leaves out.
+ *
  * So a layer whose misses were all read ahead takes max(compute of the
  * issuing layer, reads) when the two computes are equal, and a layer with no
  * read-ahead takes their sum. Read-ahead still in flight is assumed to be
@@ -121,6 +131,7 @@ struct guanaco_layer_reads {
     double kernel_seconds;      /* CPU the read-ahead's kernel work took from this layer's compute; 0 = none */
     double drop_seconds;        /* CPU time of the previous call's drops, run while this layer's reads run */
     double drop_serial_seconds; /* CPU time of drops after this layer's reads (the last MoE layer's victims) */
+    bool overlap_layer;         /* the layer computes while its reads land (--guanaco-overlap-layer) */
 };
 
 struct guanaco_layer_time {
@@ -149,6 +160,7 @@ struct guanaco_pipeline_config {
                                               prompt_bytes_per_second is given) */
     double prompt_bytes_per_second;        /* disk read bandwidth of prompt passes; 0 = bytes_per_second */
     bool stream_prompts;                   /* --guanaco-stream-prompts: prompt-sized calls are not admitted */
+    bool overlap_layer;                    /* --guanaco-overlap-layer: a layer computes while its reads land */
     double read_cpu_seconds_per_byte;      /* kernel CPU to read a byte ahead into 4 KiB folios; 0 = free */
     double drop_cpu_seconds_per_byte;      /* kernel CPU to drop a byte of 4 KiB folios; 0 = free */
     uint32_t cpu_cores;                    /* cores compute runs on, which read-ahead's kernel CPU shares; 0 = 1 */

@@ -160,7 +160,9 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
     # tokens 1-8 timed. Reads of one layer: 2E at 261120 B/s = 100 ms.
     awk 'BEGIN { for (t = 0; t < 9; t++) for (l = 0; l < 4; l++) print 0, t, l, 2 * l, 2 * l + 1 }' | write_trace "$W/decode.trace"
     check "decode trace written" $? ""
-    timing="--model $W/tiny.gguf --budgets 1e --policies layer-lru --disk-gbps 0.00026112 --warmup 1"
+    # (--overlap-layer off here and below: a layer waits for its own reads before it computes; the overlap is
+    # checked on its own after these)
+    timing="--model $W/tiny.gguf --budgets 1e --policies layer-lru --disk-gbps 0.00026112 --warmup 1 --overlap-layer off"
     for compute in 200 800; do
         pout=$("$SIM" --trace "$W/decode.trace" $timing --compute-ms $compute --predictor pilot 2>&1)
         check "guanaco-sim times decode at $compute ms per token" $? "$pout"
@@ -192,7 +194,7 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
     # prompt token, 8 tokens: 50 ms per layer. Layer 0: 100 + 50; layers 1-3: 50 + (100 - 50).
     awk 'BEGIN { for (l = 0; l < 4; l++) for (r = 0; r < 8; r++) print 0, r, l, r, (r + 1) % 8 }' | write_trace "$W/prompt.trace"
     check "prompt trace written" $? ""
-    prompt="--model $W/tiny.gguf --budgets 4e --policies layer-lru --disk-gbps 0.00104448 --compute-ms 1000 --prompt-compute-ms 25"
+    prompt="--model $W/tiny.gguf --budgets 4e --policies layer-lru --disk-gbps 0.00104448 --compute-ms 1000 --prompt-compute-ms 25 --overlap-layer off"
     pout=$("$SIM" --trace "$W/prompt.trace" $prompt --ubatches --predictor pilot 2>&1)
     got=$(overlap_of "$pout" prompt)
     # serial 4 * 150 = 600 ms, overlapped 150 + 3 * 100 = 450 ms, for 8 tokens
@@ -213,7 +215,7 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
     awk 'BEGIN { for (u = 0; u < 2; u++) for (l = 0; l < 4; l++) for (r = 0; r < 8; r++) print 0, 8 * u + r, l, r, (r + 1) % 8 }' |
         write_trace "$W/prompt2.trace"
     check "two-prompt trace written" $? ""
-    twice="--model $W/tiny.gguf --budgets 8e --policies layer-lru --compute-ms 1000 --prompt-compute-ms 25 --ubatches --warmup 1"
+    twice="--model $W/tiny.gguf --budgets 8e --policies layer-lru --compute-ms 1000 --prompt-compute-ms 25 --ubatches --warmup 1 --overlap-layer off"
     pout=$("$SIM" --trace "$W/prompt2.trace" $twice --disk-gbps 0.00104448 2>&1)
     [ "$(overlap_of "$pout" prompt)" = "13.33 13.33" ]
     check "streamed prompt: nothing admitted, the second prompt reads every layer again, 4 * (100 + 50) ms" $? "$pout"
@@ -234,7 +236,7 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
     # the previous layer's 2 (victims 2E = 26112 B). The engine drops them during the next call's reads, so a
     # layer waits max(100, D); the last MoE layer drops its own at once, + D. Layer 0 finds nothing pending.
     # Per token: 4 * 50 + 100 + 3 * max(100, D) + D.
-    drops="--model $W/tiny.gguf --budgets 26112 --policies layer-lru --disk-gbps 0.00026112 --warmup 1 --compute-ms 200"
+    drops="--model $W/tiny.gguf --budgets 26112 --policies layer-lru --disk-gbps 0.00026112 --warmup 1 --compute-ms 200 --overlap-layer off"
     for case in "1914.83 50" "5744.49 150"; do
         read -r per_gb d <<<"$case"
         pout=$("$SIM" --trace "$W/decode.trace" $drops --drop-cpu-s-per-gb "$per_gb" 2>&1)
@@ -242,6 +244,18 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
         want=$(awk -v d="$d" 'BEGIN { printf "%.2f", 1000 / (200 + 100 + 3 * (d > 100 ? d : 100) + d) }')
         [ -n "$got" ] && [ "$got" = "$want" ]
         check "--drop-cpu-s-per-gb: drop of $d ms per call hidden under reads where shorter, last layer's at once" $? \
+            "got '$got', want '$want'; $pout"
+    done
+    # --overlap-layer on (the default, as in the engine): a layer computes while its own reads land, so with
+    # nothing read ahead it takes max(drop + compute, reads) and the last MoE layer's drop comes on top:
+    # per token max(50, 100) + 3 * max(D + 50, 100) + D; serial stays 4 * (100 + 50) ms.
+    for case in "0 0" "1914.83 50" "5744.49 150"; do
+        read -r per_gb d <<<"$case"
+        pout=$("$SIM" --trace "$W/decode.trace" ${drops% --overlap-layer off} --drop-cpu-s-per-gb "$per_gb" 2>&1)
+        got=$(overlap_of "$pout" decode)
+        want=$(awk -v d="$d" 'BEGIN { b = d + 50; printf "1.67 %.2f", 1000 / (100 + 3 * (b > 100 ? b : 100) + d) }')
+        [ -n "$got" ] && [ "$got" = "$want" ] && echo "$pout" | grep -q "layers compute while their reads land: on"
+        check "--overlap-layer on (default): a layer takes max(drop $d + compute 50, reads 100) ms" $? \
             "got '$got', want '$want'; $pout"
     done
     # Read-ahead's kernel CPU: every read guessed right (budget 1e, pilot) at 200 ms per token, 450 ms as above,
@@ -253,6 +267,7 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
     for bad in "--warmup 1" "--prompt-compute-ms 5" "--disk-gbps 1 --compute-ms 1 --warmup -1" \
         "--disk-gbps 1 --compute-ms 1 --prompt-compute-ms x" "--prompt-disk-gbps 1" \
         "--disk-gbps 1 --compute-ms 1 --prompt-disk-gbps 0" "--disk-gbps 1 --compute-ms 1 --stream-prompts maybe" \
+        "--disk-gbps 1 --compute-ms 1 --overlap-layer 2" \
         "--disk-gbps 1 --compute-ms 1 --cpu-cores 0" "--disk-gbps 1 --compute-ms 1 --drop-cpu-s-per-gb -1"; do
         refused=$("$SIM" --trace "$W/prompt.trace" --model "$W/tiny.gguf" --budgets 4e $bad 2>&1)
         [ $? -eq 2 ]

@@ -62,6 +62,7 @@ static void print_usage(FILE *out) {
             "                   [--plot OUT.png] [--disk-gbps X --compute-ms Y [--prompt-compute-ms Z]] [--threads N]\n"
             "                   [--predictor KIND [--pilot-mass LIST] [--pilot-half-life T] [--verbose]]\n"
             "                   [--ubatches] [--warmup N] [--prompt-disk-gbps X] [--stream-prompts on|off]\n"
+            "                   [--overlap-layer on|off]\n"
             "                   [--read-cpu-s-per-gb X] [--drop-cpu-s-per-gb X] [--cpu-cores N]\n"
             "\n"
             "  --trace FILE        a routing trace (docs/TRACE.md); several are replayed back to back\n"
@@ -95,6 +96,8 @@ static void print_usage(FILE *out) {
             "  --stream-prompts on|off  as the engine's --guanaco-stream-prompts (default on): a call that\n"
             "                      needs half of its layer or more uses its reads once; the policy keeps\n"
             "                      only its hits\n"
+            "  --overlap-layer on|off  as the engine's --guanaco-overlap-layer (default on): a layer computes\n"
+            "                      while its own misses are read, so it takes max(drops + compute, reads)\n"
             "  --read-cpu-s-per-gb X  kernel CPU seconds to read one GB ahead into 4 KiB page-cache folios\n"
             "                      (measured: about 0.28 on the bench machine); that read-ahead slows the\n"
             "                      compute it overlaps by X / --cpu-cores per GB. Default 0, not charged\n"
@@ -612,10 +615,11 @@ static void print_pipeline_header(const struct guanaco_pipeline_config *config, 
            config->bytes_per_second / 1e9, config->token_seconds * 1e3, config->token_seconds * 1e3 / n_moe_layers,
            config->prompt_token_seconds * 1e3, ubatches ? "ubatches as recorded" : "one token per pass", warmup,
            warmup == 1 ? "" : "es");
-    printf("          prompt disk %.3g GB/s; streamed prompts %s; kernel CPU per GB in 4 KiB folios: read %.3g s "
+    printf("          prompt disk %.3g GB/s; streamed prompts %s; layers compute while their reads land: %s; kernel CPU per GB in 4 KiB folios: read %.3g s "
            "(over %u core%s), drop %.3g s\n",
            (config->prompt_bytes_per_second > 0 ? config->prompt_bytes_per_second : config->bytes_per_second) / 1e9,
-           config->stream_prompts ? "on" : "off", config->read_cpu_seconds_per_byte * 1e9,
+           config->stream_prompts ? "on" : "off", config->overlap_layer ? "on" : "off",
+           config->read_cpu_seconds_per_byte * 1e9,
            config->cpu_cores ? config->cpu_cores : 1, config->cpu_cores > 1 ? "s" : "",
            config->drop_cpu_seconds_per_byte * 1e9);
     printf("%-10s %8s %-7s %7s %8s %12s %13s %15s %13s %14s %13s %8s %14s %12s %8s\n", "policy", "budget", "phase",
@@ -793,6 +797,7 @@ struct sim_options {
     bool have_prompt_compute_ms;
     double prompt_disk_gbps;                 /* 0 = --disk-gbps */
     const char *stream_prompts;              /* on|off; NULL = on, the engine's default */
+    const char *overlap_layer;               /* on|off; NULL = on, the engine's default */
     double read_cpu_s_per_gb, drop_cpu_s_per_gb;
     unsigned long cpu_cores;
 };
@@ -826,7 +831,7 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
                                              "--plot",    "--disk-gbps", "--compute-ms",   "--threads",
                                              "--half-life", "--predictor", "--pilot-mass", "--pilot-half-life",
                                              "--warmup", "--prompt-compute-ms", "--prompt-disk-gbps",
-                                             "--stream-prompts", "--read-cpu-s-per-gb", "--drop-cpu-s-per-gb",
+                                             "--stream-prompts", "--overlap-layer", "--read-cpu-s-per-gb", "--drop-cpu-s-per-gb",
                                              "--cpu-cores"};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -899,6 +904,12 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
                 return 2;
             }
             options->stream_prompts = value;
+        } else if (strcmp(arg, "--overlap-layer") == 0) {
+            if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0) {
+                fprintf(stderr, PROG ": --overlap-layer takes on or off, not \"%s\"\n", value);
+                return 2;
+            }
+            options->overlap_layer = value;
         } else if (strcmp(arg, "--read-cpu-s-per-gb") == 0) {
             if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->read_cpu_s_per_gb) != 0) return 2;
         } else if (strcmp(arg, "--drop-cpu-s-per-gb") == 0) {
@@ -1189,6 +1200,7 @@ static struct guanaco_pipeline_config pipeline_config(const struct sim_options *
             (options->have_prompt_compute_ms ? options->prompt_compute_ms : options->compute_ms) / 1e3,
         .prompt_bytes_per_second = options->prompt_disk_gbps * 1e9,
         .stream_prompts = !options->stream_prompts || strcmp(options->stream_prompts, "on") == 0,
+        .overlap_layer = !options->overlap_layer || strcmp(options->overlap_layer, "on") == 0,
         .read_cpu_seconds_per_byte = options->read_cpu_s_per_gb / 1e9,
         .drop_cpu_seconds_per_byte = options->drop_cpu_s_per_gb / 1e9,
         .cpu_cores = (uint32_t)options->cpu_cores,
