@@ -301,7 +301,9 @@ int guanaco_hook_install(struct guanaco_engine *engine, ggml_backend_sched_eval_
     hook->user_data = *user_data;
     *callback = guanaco_eval_callback;
     *user_data = hook;
-    atomic_fetch_add(&engine->hooks, 1);
+    if (atomic_fetch_add(&engine->hooks, 1) == 1 && engine->residency) {
+        guanaco_residency_set_shared(engine->residency, true); /* before this context computes */
+    }
     return 0;
 }
 
@@ -311,7 +313,9 @@ void guanaco_hook_remove(ggml_backend_sched_eval_callback callback, void *user_d
     }
     struct guanaco_hook *hook = user_data;
     report_timed(hook, 0); /* the context's last ubatch: its MoE part */
-    atomic_fetch_sub(&hook->engine->hooks, 1);
+    if (atomic_fetch_sub(&hook->engine->hooks, 1) == 2 && hook->engine->residency) {
+        guanaco_residency_set_shared(hook->engine->residency, false); /* one context is left */
+    }
     free(hook->ids);
     free(hook->rows_seen);
     free(hook->device_copy);
@@ -330,8 +334,9 @@ int guanaco_hook_take_error(ggml_backend_sched_eval_callback callback, void *use
     if (atomic_load(&hook->engine->mapping_faulted)) {
         /* the graph read zeros where the file's bytes were: this result, and every later one, is void */
         if (!atomic_exchange(&hook->engine->told_mapping_faulted, 1)) {
-            guanaco_log_error("the model file %s shrank while running (a read past its end was caught): this batch "
-                              "and every later one fail; restart to use the file again",
+            guanaco_log_error("the model file %s could not be read while running (it shrank, or the disk failed a "
+                              "read the matmuls waited for; the fault was caught): this batch and every later one "
+                              "fail; restart to use the file again",
                               hook->engine->manifest.shard_paths[0]);
             fflush(stderr);
         }

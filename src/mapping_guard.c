@@ -4,7 +4,9 @@
  * raises SIGBUS, in whichever thread touches it first (an expert matmul, or a
  * non-expert one the engine never sees). The engine checks the file before
  * every layer it prepares, but a truncation can land between that check and
- * the matmul, and without a budget nothing is checked at all.
+ * the matmul, and without a budget nothing is checked at all. The same fault
+ * comes from a read the disk fails while a matmul waits for it, since with
+ * --guanaco-overlap-layer the matmuls fault the missing experts' pages in.
  *
  * The handler turns that fault into an error that travels: when the address
  * lies in a guarded mapping, it maps zero pages from the faulting page to the

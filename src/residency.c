@@ -56,6 +56,8 @@
 #if !defined(SYS_cachestat) && !defined(__alpha__)
 #define SYS_cachestat 451
 #endif
+/* LOAD_DIRECT keeps at least this many bytes of evicted copies for the next reads (keep_spare). */
+#define SPARE_MIN_BYTES (64ull << 20)
 /* Pages per edge read slot: a slice with no whole page inside spans at most two. */
 #define EDGE_SLOT_PAGES 2
 /* Most bytes one read-ahead run spans in one tensor (it is cut into GUANACO_IO_ADVISE_BYTES requests). */
@@ -154,6 +156,13 @@ struct guanaco_residency {
        two EDGE_SLOT_PAGES slots each for its partial edge pages (content discarded: the page cache is the point) */
     char **staging;
     char *edge_scratch;
+    /* LOAD_DIRECT: evicted copies kept for the next reads (take_spare), at most spare_limit bytes */
+    struct spare_copy {
+        char *at;
+        uint64_t length;
+    } *spares;
+    size_t n_spares, spare_capacity, spare_count_limit;
+    uint64_t spare_bytes, spare_limit;
     /* arena tensors: one expert slice of the file, read out of the page cache for its transform */
     char *transform_source;
     uint64_t transform_source_bytes;
@@ -193,6 +202,8 @@ struct guanaco_residency {
     bool stale;             /* a shard changed on disk: every later call fails */
     bool populate_by_touch; /* MADV_POPULATE_READ is missing: touch one byte per page instead */
     bool overlap_layer;     /* config: a call returns once its reads are issued; the matmuls fault the pages in */
+    uint32_t last_layer;    /* the layer of the last call: with overlap_layer, its reads may still be landing */
+    bool shared;            /* several contexts compute: an eviction swaps the file in atomically, no spare */
     bool preloading;        /* the preload maps what it reads: nothing computes from it soon, and this VM's
                                DAMON pages out cold unmapped file pages */
     bool no_cachestat;      /* cachestat(2) is missing or failed once: the warm start asks mincore */
@@ -299,6 +310,7 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
 static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int demand_huge_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int drop_pending(struct guanaco_residency *r, bool streamed_too);
+static void free_spares(struct guanaco_residency *r);
 
 /* ---- create / destroy ---- */
 
@@ -340,7 +352,8 @@ static int choose_load(struct guanaco_residency *r, const struct guanaco_residen
         }
     }
     long max_map_count = read_long_file("/proc/sys/vm/max_map_count");
-    uint64_t worst_vmas = 2ull * r->n_tensors * r->n_expert;
+    /* each resident slice, and one layer's worth of spare copies (keep_spare) */
+    uint64_t worst_vmas = 2ull * r->n_tensors * r->n_expert + (uint64_t)r->n_expert * r->max_tensors_in_layer;
     if (max_map_count > 0 && worst_vmas + VMA_RESERVE > (uint64_t)max_map_count) {
         guanaco_log_info("residency: direct loading could need %llu memory mappings, more than vm.max_map_count "
                          "(%ld) allows: using page-cache loading",
@@ -348,6 +361,9 @@ static int choose_load(struct guanaco_residency *r, const struct guanaco_residen
         return 0;
     }
     size_t slots = (size_t)r->n_expert * r->max_tensors_in_layer;
+    /* enough for the next call's reads, which take them; a decode call reads a few experts */
+    r->spare_limit = config->budget_bytes / 8 > SPARE_MIN_BYTES ? config->budget_bytes / 8 : SPARE_MIN_BYTES;
+    r->spare_count_limit = slots;
     r->staging = calloc(slots ? slots : 1, sizeof(*r->staging));
     r->edge_scratch = malloc((slots ? slots : 1) * 2 * EDGE_SLOT_PAGES * r->page);
     if (!r->staging || !r->edge_scratch) {
@@ -447,6 +463,7 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->pending_drops.experts);
     free(r->evicted_at);
     free(r->staging); /* load_experts never leaves a buffer in it */
+    free_spares(r);
     free(r->edge_scratch);
     free(r->transform_source);
     free(r->seen_call);
@@ -649,6 +666,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->queue_depth = config->queue_depth ? config->queue_depth : GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH;
     r->budget_bytes = config->budget_bytes;
     r->read_layer = UINT32_MAX;
+    r->last_layer = UINT32_MAX;
 
     /* in this order: the load choice needs the tensors, read-ahead needs the load choice */
     err = allocate_tables(r, config);
@@ -860,12 +878,78 @@ static int drop_range(struct guanaco_residency *r, const struct tensor *t, uint6
 }
 
 /*
- * LOAD_DIRECT's eviction: the file mapping goes back over [start, end), which
- * frees the anonymous copy in the same step. A concurrent reader faults the
- * file's bytes back in.
+ * LOAD_DIRECT's spare copies: an evicted expert's anonymous pages, moved out of the mapping and kept for the
+ * next read instead of freed. A fresh buffer's pages are allocated and zeroed by the kernel on every read (in
+ * this VM, 1.1 ms per MB with the host's faults); a spare's are there already, and compute finds them warm
+ * too. The next call's reads take them (best fit, the excess unmapped); beyond spare_limit they are freed.
+ */
+static char *take_spare(struct guanaco_residency *r, uint64_t length) {
+    size_t best = r->n_spares;
+    for (size_t i = 0; i < r->n_spares; i++) {
+        if (r->spares[i].length >= length && (best == r->n_spares || r->spares[i].length < r->spares[best].length)) {
+            best = i;
+        }
+    }
+    if (best == r->n_spares) {
+        return NULL;
+    }
+    struct spare_copy spare = r->spares[best];
+    r->spares[best] = r->spares[--r->n_spares];
+    r->spare_bytes -= spare.length;
+    if (spare.length > length) {
+        munmap(spare.at + length, spare.length - length);
+    }
+    if (mprotect(spare.at, length, PROT_READ | PROT_WRITE) != 0) {
+        munmap(spare.at, length);
+        return NULL;
+    }
+    return spare.at;
+}
+
+/* Moves the anonymous pages at [at, at + length) out to a new spare, if there is room; the range is left
+   unmapped then, for the caller to map the file over. */
+static void keep_spare(struct guanaco_residency *r, char *at, uint64_t length) {
+    if (r->spare_bytes + length > r->spare_limit || r->n_spares >= r->spare_count_limit) {
+        return;
+    }
+    if (r->n_spares == r->spare_capacity) {
+        size_t capacity = r->spare_capacity ? 2 * r->spare_capacity : 64;
+        struct spare_copy *grown = realloc(r->spares, capacity * sizeof(*grown));
+        if (!grown) {
+            return;
+        }
+        r->spares = grown;
+        r->spare_capacity = capacity;
+    }
+    void *spare = mmap(NULL, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (spare == MAP_FAILED) {
+        return;
+    }
+    if (mremap(at, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, spare) == MAP_FAILED) {
+        munmap(spare, length);
+        return;
+    }
+    r->spares[r->n_spares++] = (struct spare_copy){.at = spare, .length = length};
+    r->spare_bytes += length;
+}
+
+static void free_spares(struct guanaco_residency *r) {
+    for (size_t i = 0; i < r->n_spares; i++) {
+        munmap(r->spares[i].at, r->spares[i].length);
+    }
+    free(r->spares);
+}
+
+/*
+ * LOAD_DIRECT's eviction: the anonymous copy moves out to a spare (if there is
+ * room; else the mapping frees it), and the file mapping goes back over
+ * [start, end). A concurrent reader faults the file's bytes back in.
  */
 static int restore_file_pages(struct guanaco_residency *r, const struct tensor *t, uint64_t start, uint64_t end) {
     void *at = (void *)(uintptr_t)address_of(t, start);
+    if (!r->shared) {
+        keep_spare(r, at, end - start); /* leaves [at, end - start) unmapped until the mmap below */
+    }
     void *mapped = mmap(at, end - start, PROT_READ, MAP_SHARED | MAP_FIXED, t->fd, (off_t)start);
     if (mapped == MAP_FAILED) {
         int err = -errno;
@@ -1180,7 +1264,10 @@ static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const
                 add_request(r, &n_requests, t->fd, a, b - a, edges, i);
                 continue;
             }
-            char *buffer = mmap(NULL, inner_end - inner_start, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            char *buffer = take_spare(r, inner_end - inner_start);
+            if (!buffer) {
+                buffer = mmap(NULL, inner_end - inner_start, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            }
             if (buffer == MAP_FAILED) {
                 if (r->missing_error[i] == 0) {
                     r->missing_error[i] = -errno;
@@ -1800,6 +1887,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         r->stream_ahead[layer] = false;
     }
     r->read_layer = layer; /* from here to the policy's answer, read_call marks what this call mapped */
+    r->last_layer = layer;
     /* What is missing goes first (urgent); the last call's victims are dropped and this layer's read-ahead
        lands while the disk reads it. */
     struct guanaco_io_job job;
@@ -2036,6 +2124,18 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
     /* What the policy let go is not counted as resident; a streamed layer's pages stay, and count, until the
        next call: its compute may still be reading them. */
     (void)drop_pending(r, false);
+    /* With overlap_layer the last call's reads may still be landing, and mincore counts only pages read:
+       mapping them waits for the disk (the audit is a diagnostic; the layer computes from them anyway). */
+    for (uint32_t e = 0; r->overlap_layer && r->last_layer < r->n_layer && e < r->n_expert; e++) {
+        const struct layer *l = &r->layers[r->last_layer];
+        for (uint32_t k = 0; k < l->n_tensors && guanaco_policy_is_resident(r->policy, r->last_layer, e); k++) {
+            const struct tensor *t = &r->tensors[l->first_tensor + k];
+            uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
+            if (!t->arena) {
+                (void)populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
+            }
+        }
+    }
     for (uint32_t i = 0; i < r->n_tensors; i++) {
         const struct tensor *t = &r->tensors[i];
         uintptr_t a = (uintptr_t)t->mapped, b = a + (uintptr_t)(t->end - t->begin);
@@ -2094,6 +2194,12 @@ void guanaco_residency_inject_policy_fault(struct guanaco_residency *r, int erro
 void guanaco_residency_adopt_by_mincore(struct guanaco_residency *r) {
     pthread_mutex_lock(&r->lock);
     r->no_cachestat = true;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void guanaco_residency_set_shared(struct guanaco_residency *r, bool shared) {
+    pthread_mutex_lock(&r->lock);
+    r->shared = shared;
     pthread_mutex_unlock(&r->lock);
 }
 

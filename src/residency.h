@@ -81,9 +81,13 @@
  * MADV_DONTNEED + FADV_DONTNEED.
  *
  * DIRECT: the whole pages inside each slice are read with O_DIRECT (no page
- * cache, no copy) into a fresh anonymous buffer, which is made read-only and
+ * cache, no copy) into an anonymous buffer, which is made read-only and
  * moved over the slice's pages in the mapping with mremap(MREMAP_FIXED).
- * Eviction maps the file back over those pages (mmap MAP_FIXED|MAP_SHARED).
+ * Eviction moves the copy out again and maps the file back over those pages
+ * (mmap MAP_FIXED|MAP_SHARED). The copy is kept as a spare, and the next
+ * read goes into a spare when one is big enough, so its pages are neither
+ * allocated nor zeroed again; spares hold at most max(budget / 8, 64 MiB)
+ * and one layer's count of slices, which adds to the memory bound above.
  * Both swaps are atomic for other threads: a reader sees the file's bytes or
  * the fully read copy, never a partial one, so a concurrent context's worst
  * case is a page fault. The partial pages at slice edges, shared with the
@@ -275,6 +279,15 @@ void guanaco_residency_destroy(struct guanaco_residency *r);
 /* Seeds the policy's counts of `layer` with a routing prior (guanaco_policy_seed: n_expert rates, each the
    expected share of a token's routings that go to the expert), under the engine's lock. */
 void guanaco_residency_seed_policy(struct guanaco_residency *r, uint32_t layer, const double *rate);
+
+/*
+ * Whether several contexts compute from the mappings at once. DIRECT's spare
+ * copies are moved out of the mapping before the file is mapped back, which
+ * leaves the range unmapped for a moment; with shared, eviction maps the file
+ * over the copy in one step instead (and frees it), as another context may be
+ * reading there. Takes the lock, so no eviction is under way when it returns.
+ */
+void guanaco_residency_set_shared(struct guanaco_residency *r, bool shared);
 
 /* Changes the budget (and the read-ahead allowance, half of it, when read-ahead is on). Nothing is
    evicted now: the next prepare_layer brings the resident bytes under it. */

@@ -50,7 +50,7 @@ run() {
 
 PREFIX=()
 run truncated-streaming truncate
-[ $rc -eq 1 ] && grep -q 'guanaco: error: the model file .* shrank while running' "$W/truncated-streaming.err"
+[ $rc -eq 1 ] && grep -q 'guanaco: error: the model file .* could not be read while running (it shrank' "$W/truncated-streaming.err"
 check "truncated under streaming only: exit 1 with the message (rc=$rc)" $? "$(grep -E 'error|guanaco' "$W/truncated-streaming.err" | tail -3)"
 
 PREFIX=(nice -n 10 taskset -c 1)

@@ -55,6 +55,7 @@ static uint64_t P;
 static unsigned char *expected_content; /* the pattern of the largest model, for memcmp */
 static int pagemap_fd = -1;
 static enum guanaco_residency_load load_mode; /* every scenario runs in both modes */
+static bool overlap_layer; /* config.overlap_layer: calls return once their reads are issued, nothing mapped */
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 
 struct model {
@@ -247,6 +248,7 @@ static struct guanaco_residency_config config_of(const struct model *m, uint64_t
         .io_backend = io,
         .queue_depth = 16,
         .load = load_mode,
+        .overlap_layer = overlap_layer,
     };
 }
 
@@ -359,6 +361,24 @@ static struct bad_pages count_bad_pages(const unsigned char *state, const unsign
 }
 
 /*
+ * What the matmuls do after a call with overlap_layer, which maps nothing: read every page of the needed
+ * experts that are resident, each fault waiting for the engine's read still in flight.
+ */
+static void compute_from(const struct model *m, struct guanaco_residency *r, uint32_t layer, const int32_t *ids,
+                         size_t n_ids) {
+    uint32_t needed[N_EXPERT];
+    size_t n_needed = distinct_ids(ids, n_ids, needed);
+    for (size_t i = 0; i < n_needed; i++) {
+        for (uint32_t t = 0; t < N_TENSOR && guanaco_residency_is_resident(r, layer, needed[i]); t++) {
+            uint64_t a = slice_begin(m, layer, t, needed[i]), b = a + stride_of_tensor[t];
+            for (uint64_t p = a; p < b; p = page_down(p) + P) {
+                (void)*(volatile const char *)(m->map + p);
+            }
+        }
+    }
+}
+
+/*
  * Checks the state after a call on `layer` with `ids` (layer UINT32_MAX: no
  * call to check, only the global state). `expected_failed` names an expert of
  * that layer whose load must have failed, or -1.
@@ -366,6 +386,9 @@ static struct bad_pages count_bad_pages(const unsigned char *state, const unsign
 static void verify(const struct model *m, struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
                    uint64_t budget, uint32_t cap, int expected_failed) {
     size_t n_pages = (size_t)(page_up(m->size) / P);
+    if (overlap_layer && layer < m->n_layer && is_moe(m, layer)) {
+        compute_from(m, r, layer, ids, n_ids);
+    }
     unsigned char *state = calloc(n_pages, 1), *cached = malloc(n_pages);
     CHECK(mincore((void *)(uintptr_t)m->map, m->size, cached) == 0);
     uint64_t *mapped = read_pagemap(m->map, n_pages);
@@ -1552,6 +1575,15 @@ int main(void) {
         /* the per-layer cap, alone and with a budget */
         run_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all, 3, 8, 1, 2, false, 0);
         run_stream(&m, io, GUANACO_POLICY_GUANACO, all / 5, 5, 8, 2, 4, true, 0);
+        if (load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
+            /* calls that only issue their reads: the pages land while the caller reads them */
+            overlap_layer = true;
+            run_stream(&m, io, GUANACO_POLICY_GUANACO, all * 3 / 10, 0, 12, 1, 4, false, 0);
+            run_stream(&m, io, GUANACO_POLICY_LRU, all / 4, 0, 8, 3, 2, true, 0);
+            run_stream(&m, io, GUANACO_POLICY_GUANACO, EXPERT_BYTES * 2, 0, 6, 4, 4, true, 0);
+            run_prefetch_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 10, 1, 4, 3);
+            overlap_layer = false;
+        }
         if (load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
             /* read-ahead, right and wrong, then a prompt-sized batch with a tight budget */
             run_prefetch_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 10, 1, 4, 3);

@@ -45,19 +45,22 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                "lru io_uring 3M page-cache throttled-gate --gen-tokens 40" \
                "layer-lru io_uring 3M direct pilot+repack=on" "lru threads 2M page-cache none+repack=off" \
                "layer-lru io_uring 4M page-cache pilot+stream --ubatch 16" "guanaco threads 3M page-cache gate+stream" \
-               "lru io_uring 3M page-cache pilot+nostream --ubatch 16"; do
+               "lru io_uring 3M page-cache pilot+nostream --ubatch 16" \
+               "layer-lru threads 3M page-cache pilot+overlap=off --ubatch 16"; do
         set -- $run
         name="$1.$2.$5${6:+.${6#--}$7}"
         # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches (40 tokens: decode
         # starts off, tries read-ahead in its third epoch of 4 tokens and again at most one epoch in 8)
         # X+repack=Y: --guanaco-repack Y (the default is auto)
         # X+stream: --guanaco-stream-prompts on (the default), checked to stream; X+nostream: off
-        throttle=off predictor=${5%%+*} repack=auto stream=default
+        # X+overlap=off: --guanaco-overlap-layer off (every call maps its reads before the layer computes)
+        throttle=off predictor=${5%%+*} repack=auto stream=default overlap=on
         [ "${5#*+repack=}" != "$5" ] && repack=${5#*+repack=}
         [ "${5#*+stream}" != "$5" ] && stream=on
         [ "${5#*+nostream}" != "$5" ] && stream=off
-        stream_env=()
-        [ $stream = default ] || stream_env=(GUANACO_STREAM_PROMPTS=$stream)
+        [ "${5#*+overlap=}" != "$5" ] && overlap=${5#*+overlap=}
+        stream_env=(GUANACO_OVERLAP_LAYER=$overlap)
+        [ $stream = default ] || stream_env+=(GUANACO_STREAM_PROMPTS=$stream)
         [ "${predictor#throttled-}" != "$predictor" ] && throttle=on predictor=${predictor#throttled-}
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
             GUANACO_PREFETCH=$predictor GUANACO_PREFETCH_THROTTLE=$throttle GUANACO_REPACK=$repack \
@@ -79,6 +82,12 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
             [ "$ref_name" = "${ref_name%promises}" ]
         check "$arch $quant: budget $3, policy $1, io $2, load $4, prefetch $5 ${6:-} ${7:-}== $ref_name" $? \
             "rc=$rc $(grep -E 'guanaco: (error|residency)' "$W/$arch.$name.log" | head -3)"
+        # page-cache loading overlaps each layer's reads with its compute unless told not to
+        if [ "$4" = page-cache ]; then
+            grep -q 'load page-cache (a layer computes while its reads land)' "$W/$arch.$name.log"
+            [ $? -eq $([ $overlap = on ] && echo 0 || echo 1) ]
+            check "$arch $quant: $name overlaps its layers' reads: $overlap" $? "$(grep -o 'load page-cache[^,]*' "$W/$arch.$name.log" | head -1)"
+        fi
         # page-cache loading with a predictor must really read ahead and use some of it
         if [ "$4" = page-cache ] && [ "$predictor" != none ] && [ $throttle = off ]; then
             grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'read-ahead [0-9.]* MiB issued, [0-9.]* used' |
