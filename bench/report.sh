@@ -35,7 +35,8 @@
 #                       decode token (as above) and per prompt token (1000 / the warm ram prompt tok/s; without
 #                       a warm ram prompt rate no prompt is simulated), the disk rate the engine got at its own
 #                       request sizes (its status lines' GB read over read time, over the measured decode and
-#                       the measured prompt of every rep of the cell; not fio's 1 MiB QD16 rate) and the
+#                       the measured prompt of every rep of the cell; not fio's 1 MiB QD16 rate; fio's where
+#                       page-cache layers overlap their reads, as the engine then times only their issue) and the
 #                       kernel's CPU per GB of 4 KiB page-cache folios (READ_CPU_S_PER_GB, DROP_CPU_S_PER_GB,
 #                       measured with /proc/stat, bench/PIPELINE.md) over the machine's cores.
 #   sim error           (simulated - live) / live, against the median
@@ -124,7 +125,7 @@ engine_rates() { # engine_rates BUDGET VARIANT
 # "gate" for prefetch=gate, which a replay cannot guess as the engine does. DECODE_GBPS and PROMPT_GBPS are
 # engine_rates' figures; PROMPT_MS the warm compute per prompt token or empty.
 simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_MS
-    local b=$1 v=$2 dgbps=$3 pgbps=$4 pms=$5 trace policy predictor=pilot stream=on overlap=on setting key value
+    local b=$1 v=$2 dgbps=$3 pgbps=$4 pms=$5 trace policy predictor=pilot stream=on overlap=off setting key value
     trace="$OUT/logs/b$b-${v//:/-}-r1.trace"
     [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- -"; return; }
     policy=$(cut -d: -f2 <<<"${v%%+*}:")
@@ -200,6 +201,11 @@ for b in $budgets; do
     for v in $guanaco_variants; do
         RATES[$b/$v]=$(engine_rates "$b" "$v")
         read -r dg pg <<<"${RATES[$b/$v]}"
+        # With --guanaco-overlap-layer on (page-cache loading) a call only issues its reads and the matmuls
+        # wait for them, so the engine's rate is the issue rate: the replay gets fio's instead.
+        if [ "$(cut -d: -f3 <<<"${v%%+*}::")" != direct ] && [[ $v =~ \+overlap-layer=(1|on)($|\+) ]]; then
+            dg=$FIO_GBPS pg=$FIO_GBPS
+        fi
         SIM[$b/$v]=$(simulate_cell "$b" "$v" "$dg" "$pg" "$PROMPT_MS")
     done
 done
@@ -279,7 +285,8 @@ done
     echo "routing rep 1 recorded, as llama-bench ran it (ubatches, warmup replayed untimed, preload, the cell's"
     echo "policy, prefetch, stream-prompts and overlap-layer; prefetch=gate is not replayed: its guesses need live activations),"
     echo "with warm in-RAM compute, the disk rate the engine got in the cell's measured decode and prompt (next"
-    echo "table; not fio) and the kernel's CPU per GB of 4 KiB folios ($READ_CPU_S_PER_GB s read, $DROP_CPU_S_PER_GB s drop,"
+    echo "table; not fio, except with page-cache loading and --guanaco-overlap-layer on, where the engine times only"
+    echo "the reads' issue and fio is used) and the kernel's CPU per GB of 4 KiB folios ($READ_CPU_S_PER_GB s read, $DROP_CPU_S_PER_GB s drop,"
     echo "$CORES cores); sim error: (simulated - live) / live. bench/SIMULATOR.md has the model and its record."
 
     if [ -n "$guanaco_variants" ]; then

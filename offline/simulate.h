@@ -80,7 +80,7 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  *   overlapped time = stall + compute
  *   serial time     = (demand + ahead_used) / B + compute (the same layer without read-ahead)
  *
- * With overlap_layer (the engine's --guanaco-overlap-layer, on by default) the
+ * With overlap_layer (the engine's --guanaco-overlap-layer, off by default) the
  * call returns once its reads are issued and its drops done, and the layer
  * computes while the reads land, waiting only where it reaches a page still
  * reading:

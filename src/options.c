@@ -95,8 +95,8 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_OVERLAP_LAYER] = {"guanaco-overlap-layer", "GUANACO_OVERLAP_LAYER", OPTION_BOOL, NULL,
                               "page-cache loading: a layer computes as soon as its missing experts' reads are "
                               "issued, in the order it computes them, and waits in the kernel for each page as "
-                              "it lands, so the resident experts compute while the disk reads (default: on, "
-                              "measured; off: the layer waits for all its reads first)"},
+                              "it lands, so the resident experts compute while the disk reads (default: off, "
+                              "measured no faster: the layer waits for all its reads first)"},
     [OPTION_PREFETCH] = {"guanaco-prefetch", "GUANACO_PREFETCH", OPTION_CHOICE, prefetch_choices,
                          "read the next layer's experts while the current one computes, as predicted by: pilot "
                          "(cross-layer statistics), gate (the next layer's router on this layer's input; pilot "
@@ -149,7 +149,7 @@ static int default_value(enum option_id id) {
     case OPTION_AUDIT: return 0; /* a diagnostic: its walk costs 5% of a 32-token decode (README) */
     case OPTION_PRELOAD: return 1;
     case OPTION_HUGE_FOLIOS: return 1; /* Mixtral Q4_0 at 25%: see README's --guanaco-huge-folios row */
-    case OPTION_OVERLAP_LAYER: return 1; /* 24-layer Qwen3 Q8_0, replayed, 25%: README's --guanaco-overlap-layer row */
+    case OPTION_OVERLAP_LAYER: return 0; /* neutral in 9 paired decodes (median 1.03): README's --guanaco-overlap-layer row */
     case OPTION_STREAM_PROMPTS: return 1; /* 1024-token prompts 1.07-1.11x plain at 10-50%, 0.74-0.94x off (README) */
     case OPTION_REPACK: return GUANACO_REPACK_AUTO;
     case OPTION_PREFETCH_THROTTLE: return 1;

@@ -1249,8 +1249,8 @@ static size_t page_cache_requests(struct guanaco_residency *r, const struct laye
     return n_requests;
 }
 
-/* DIRECT: the whole pages inside each slice go O_DIRECT into a fresh anonymous buffer; the partial edge
- * pages are read buffered, into the page cache, like PAGE_CACHE's. */
+/* DIRECT: the whole pages inside each slice go O_DIRECT into a spare copy or a fresh anonymous buffer; the
+ * partial edge pages are read buffered, into the page cache, like PAGE_CACHE's. */
 static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const struct layer *l, size_t n) {
     size_t n_requests = 0;
     for (size_t i = 0; i < n; i++) {

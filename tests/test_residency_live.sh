@@ -53,7 +53,8 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
         # starts off, tries read-ahead in its third epoch of 4 tokens and again at most one epoch in 8)
         # X+repack=Y: --guanaco-repack Y (the default is auto)
         # X+stream: --guanaco-stream-prompts on (the default), checked to stream; X+nostream: off
-        # X+overlap=off: --guanaco-overlap-layer off (every call maps its reads before the layer computes)
+        # X+overlap=off: --guanaco-overlap-layer off (the default: every call maps its reads before the layer
+        # computes); the others run with it on, so the logits are checked both ways
         throttle=off predictor=${5%%+*} repack=auto stream=default overlap=on
         [ "${5#*+repack=}" != "$5" ] && repack=${5#*+repack=}
         [ "${5#*+stream}" != "$5" ] && stream=on

@@ -246,16 +246,16 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
         check "--drop-cpu-s-per-gb: drop of $d ms per call hidden under reads where shorter, last layer's at once" $? \
             "got '$got', want '$want'; $pout"
     done
-    # --overlap-layer on (the default, as in the engine): a layer computes while its own reads land, so with
+    # --overlap-layer on (off by default, as in the engine): a layer computes while its own reads land, so with
     # nothing read ahead it takes max(drop + compute, reads) and the last MoE layer's drop comes on top:
     # per token max(50, 100) + 3 * max(D + 50, 100) + D; serial stays 4 * (100 + 50) ms.
     for case in "0 0" "1914.83 50" "5744.49 150"; do
         read -r per_gb d <<<"$case"
-        pout=$("$SIM" --trace "$W/decode.trace" ${drops% --overlap-layer off} --drop-cpu-s-per-gb "$per_gb" 2>&1)
+        pout=$("$SIM" --trace "$W/decode.trace" ${drops% --overlap-layer off} --overlap-layer on --drop-cpu-s-per-gb "$per_gb" 2>&1)
         got=$(overlap_of "$pout" decode)
         want=$(awk -v d="$d" 'BEGIN { b = d + 50; printf "1.67 %.2f", 1000 / (100 + 3 * (b > 100 ? b : 100) + d) }')
         [ -n "$got" ] && [ "$got" = "$want" ] && echo "$pout" | grep -q "layers compute while their reads land: on"
-        check "--overlap-layer on (default): a layer takes max(drop $d + compute 50, reads 100) ms" $? \
+        check "--overlap-layer on: a layer takes max(drop $d + compute 50, reads 100) ms" $? \
             "got '$got', want '$want'; $pout"
     done
     # Read-ahead's kernel CPU: every read guessed right (budget 1e, pilot) at 200 ms per token, 450 ms as above,

@@ -664,7 +664,6 @@ static int replay_sweep(const struct plan_options *options, const struct replay_
         .token_seconds = speeds->compute_ms / 1e3,
         .prompt_token_seconds = speeds->compute_ms / 1e3, /* every pass here is one token */
         .stream_prompts = true,                          /* the engine's default (--guanaco-stream-prompts) */
-        .overlap_layer = true,                           /* the engine's default (--guanaco-overlap-layer) */
     };
     sweep->all_exact = true;
     for (int r = 0; r < sweep->n_rows; r++) {

@@ -96,7 +96,7 @@ static void print_usage(FILE *out) {
             "  --stream-prompts on|off  as the engine's --guanaco-stream-prompts (default on): a call that\n"
             "                      needs half of its layer or more uses its reads once; the policy keeps\n"
             "                      only its hits\n"
-            "  --overlap-layer on|off  as the engine's --guanaco-overlap-layer (default on): a layer computes\n"
+            "  --overlap-layer on|off  as the engine's --guanaco-overlap-layer (default off): a layer computes\n"
             "                      while its own misses are read, so it takes max(drops + compute, reads)\n"
             "  --read-cpu-s-per-gb X  kernel CPU seconds to read one GB ahead into 4 KiB page-cache folios\n"
             "                      (measured: about 0.28 on the bench machine); that read-ahead slows the\n"
@@ -797,7 +797,7 @@ struct sim_options {
     bool have_prompt_compute_ms;
     double prompt_disk_gbps;                 /* 0 = --disk-gbps */
     const char *stream_prompts;              /* on|off; NULL = on, the engine's default */
-    const char *overlap_layer;               /* on|off; NULL = on, the engine's default */
+    const char *overlap_layer;               /* on|off; NULL = off, the engine's default */
     double read_cpu_s_per_gb, drop_cpu_s_per_gb;
     unsigned long cpu_cores;
 };
@@ -1200,7 +1200,7 @@ static struct guanaco_pipeline_config pipeline_config(const struct sim_options *
             (options->have_prompt_compute_ms ? options->prompt_compute_ms : options->compute_ms) / 1e3,
         .prompt_bytes_per_second = options->prompt_disk_gbps * 1e9,
         .stream_prompts = !options->stream_prompts || strcmp(options->stream_prompts, "on") == 0,
-        .overlap_layer = !options->overlap_layer || strcmp(options->overlap_layer, "on") == 0,
+        .overlap_layer = options->overlap_layer && strcmp(options->overlap_layer, "on") == 0,
         .read_cpu_seconds_per_byte = options->read_cpu_s_per_gb / 1e9,
         .drop_cpu_seconds_per_byte = options->drop_cpu_s_per_gb / 1e9,
         .cpu_cores = (uint32_t)options->cpu_cores,
