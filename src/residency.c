@@ -948,7 +948,7 @@ static void free_spares(struct guanaco_residency *r) {
 static int restore_file_pages(struct guanaco_residency *r, const struct tensor *t, uint64_t start, uint64_t end) {
     void *at = (void *)(uintptr_t)address_of(t, start);
     if (!r->shared) {
-        keep_spare(r, at, end - start); /* leaves [at, end - start) unmapped until the mmap below */
+        keep_spare(r, at, end - start); /* leaves the range unmapped until the mmap below */
     }
     void *mapped = mmap(at, end - start, PROT_READ, MAP_SHARED | MAP_FIXED, t->fd, (off_t)start);
     if (mapped == MAP_FAILED) {
