@@ -670,8 +670,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
                      gib(budget), gib(m->expert_bytes), 100.0 * (double)budget / (double)m->expert_bytes,
                      o->max_experts, guanaco_policy_kind_name(config.policy), guanaco_io_backend_name(config.io_backend),
                      load_name(started.load),
-                     o->overlap_layer && started.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE &&
-                             engine->repacked_tensors < m->n_tensors
+                     started.overlap_layer && engine->repacked_tensors < m->n_tensors
                          ? " (a layer computes while its reads land)" : "",
                      prefetch, o->status_every);
     engine->status_last_ns = guanaco_now_ns();

@@ -689,6 +689,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     }
     r->stats.io_backend = r->io_backend;
     r->stats.load = r->load;
+    r->stats.overlap_layer = r->overlap_layer;
     *out = r;
     return 0;
 }
@@ -1187,6 +1188,13 @@ static void drop_arena_file_pages(struct guanaco_residency *r, uint32_t layer) {
     }
 }
 
+/* Maps expert e's slice of t in the file mapping, rounded outward to pages (the edge pages hold its bytes
+   too), waiting for reads in flight. */
+static int map_slice(struct guanaco_residency *r, const struct tensor *t, uint32_t e) {
+    uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
+    return populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
+}
+
 /* Expert e's slice of t where it computes: the arena's transformed copy, or the mapping's pages (populate,
    rounded outward: the edge pages hold its bytes too). With overlap_layer the pages are read or being read,
    and the matmul that needs them faults them in: the kernel waits for a page still reading. */
@@ -1194,11 +1202,7 @@ static int place_slice(struct guanaco_residency *r, const struct tensor *t, uint
     if (t->arena) {
         return transform_slice(r, t, e);
     }
-    if (r->overlap_layer && !r->preloading) {
-        return 0;
-    }
-    uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
-    return populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
+    return r->overlap_layer && !r->preloading ? 0 : map_slice(r, t, e);
 }
 
 static void add_request(struct guanaco_residency *r, size_t *n_requests, int fd, uint64_t offset, uint64_t length,
@@ -1375,8 +1379,7 @@ static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32
 static int populate_slices(struct guanaco_residency *r, const struct layer *l, uint32_t e, bool place) {
     for (uint32_t k = 0; k < l->n_tensors; k++) {
         const struct tensor *t = &r->tensors[l->first_tensor + k];
-        uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
-        int err = place ? place_slice(r, t, e) : populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
+        int err = place ? place_slice(r, t, e) : map_slice(r, t, e);
         if (err) {
             return err;
         }
@@ -2130,9 +2133,8 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
         const struct layer *l = &r->layers[r->last_layer];
         for (uint32_t k = 0; k < l->n_tensors && guanaco_policy_is_resident(r->policy, r->last_layer, e); k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
-            uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
             if (!t->arena) {
-                (void)populate(r, address_of(t, page_down(r, a)), page_up(r, b) - page_down(r, a));
+                (void)map_slice(r, t, e);
             }
         }
     }

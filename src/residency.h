@@ -178,6 +178,7 @@ struct guanaco_residency_stats {
     uint64_t loaded_huge_bytes;     /* demand loads' bytes read through the MADV_HUGEPAGE mapping */
     enum guanaco_io_backend io_backend;
     enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
+    bool overlap_layer;               /* in force: config.overlap_layer with PAGE_CACHE loading */
 };
 
 struct guanaco_residency;
