@@ -609,8 +609,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .io_backend = (enum guanaco_io_backend)o->io,
         .queue_depth = GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH,
         .load = load,
-        .prefetch_bytes = o->prefetch != GUANACO_PREDICTOR_NONE && load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE
-                              ? guanaco_read_ahead_allowance(budget) : 0,
+        .prefetch_bytes = o->prefetch != GUANACO_PREDICTOR_NONE ? guanaco_read_ahead_allowance(budget) : 0,
         .stream_prompts = o->stream_prompts,
         .huge_folios = o->huge_folios,
         .overlap_layer = o->overlap_layer,
@@ -641,9 +640,6 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     }
     if (config.prefetch_bytes && (err = start_predictor(engine)) < 0) {
         return err;
-    }
-    if (o->prefetch != GUANACO_PREDICTOR_NONE && !config.prefetch_bytes) {
-        guanaco_log_info("read-ahead needs --guanaco-load page-cache: running without it");
     }
     struct guanaco_imatrix_prior prior = {0};
     if (o->imatrix[0] && (err = guanaco_imatrix_load(o->imatrix, m, &prior)) < 0) {

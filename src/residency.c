@@ -95,7 +95,7 @@ struct shard {
     char name[256];
 };
 
-/* Experts of one layer read ahead in one job, into the page cache. */
+/* Experts of one layer read ahead in one job: into the page cache, or with LOAD_DIRECT into anonymous copies. */
 struct prefetch_run {
     bool active;
     uint32_t layer, first_expert, n_experts;
@@ -109,6 +109,10 @@ struct prefetch_run {
     void **huge_maps;        /* max_tensors_in_layer */
     uint64_t *huge_lengths;  /* max_tensors_in_layer */
     uint32_t n_huge_maps;
+    /* LOAD_DIRECT: a run is one expert, read into anonymous copies as a demand load is (direct_slice_requests):
+       per tensor the copy of its whole pages, and two EDGE_SLOT_PAGES slots for its partial edge pages. */
+    char **staging;          /* max_tensors_in_layer */
+    char *edges;             /* max_tensors_in_layer * 2 * EDGE_SLOT_PAGES pages */
 };
 
 /* Victims chosen but whose pages are not dropped yet (evict_by_policy's `later`). */
@@ -311,6 +315,7 @@ static int stream_create(struct guanaco_residency *r, const struct guanaco_resid
 static int demand_huge_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int drop_pending(struct guanaco_residency *r, bool streamed_too);
 static void free_spares(struct guanaco_residency *r);
+static void discard_copies(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging);
 
 /* ---- create / destroy ---- */
 
@@ -435,9 +440,15 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
         if (r->runs[i].active) {
             (void)guanaco_io_cancel(r->io, &r->runs[i].job); /* no read may land after the buffers go */
             unmap_huge(&r->runs[i]);
+            if (r->runs[i].staging) {
+                r->shared = true; /* no spare: they are freed below */
+                discard_copies(r, &r->layers[r->runs[i].layer], r->runs[i].first_expert, r->runs[i].staging);
+            }
         }
     }
     for (uint32_t i = 0; r->runs && i < r->n_runs; i++) {
+        free(r->runs[i].staging);
+        free(r->runs[i].edges);
         free(r->runs[i].requests);
         free(r->runs[i].addresses);
         free(r->runs[i].huge_maps);
@@ -695,9 +706,11 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
 }
 
 /*
- * Read-ahead needs the page-cache path: its reads fill the page cache and
- * the claiming call maps them. DIRECT's copies would need a staging buffer
- * per expert read ahead, so DIRECT runs without it.
+ * Read-ahead with page-cache loading fills the page cache, and the claiming
+ * call maps it. With DIRECT each run reads one expert into anonymous copies,
+ * as a demand load does, and the claiming call moves them into place: no
+ * page-cache work on the cores that compute, which made page-cache
+ * read-ahead cost more than it hid on 2 cores (bench/PIPELINE.md).
  */
 static int prefetch_create(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
     size_t slots = (size_t)r->n_layer * r->n_expert;
@@ -706,11 +719,21 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
     if (!r->prediction_stamp || !r->layer_prediction) {
         return -ENOMEM;
     }
-    if (config->prefetch_bytes == 0 || r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
+    if (config->prefetch_bytes == 0) {
         return 0;
     }
-    /* A run's requests: each tensor's span of the run in GUANACO_IO_ADVISE_BYTES pieces (see settle_issued). */
-    for (uint32_t l = 0; l < r->n_layer; l++) {
+    const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
+    /* A run's requests: each tensor's span of the run in GUANACO_IO_ADVISE_BYTES pieces (see settle_issued), or
+       DIRECT's one expert as direct_slice_requests cuts it. */
+    for (uint32_t l = 0; l < r->n_layer && direct; l++) {
+        size_t requests = 0;
+        for (uint32_t k = 0; k < r->layers[l].n_tensors; k++) {
+            uint64_t stride = r->tensors[r->layers[l].first_tensor + k].stride;
+            requests += (size_t)((stride + GUANACO_RESIDENCY_CHUNK_BYTES - 1) / GUANACO_RESIDENCY_CHUNK_BYTES) + 2;
+        }
+        r->max_run_requests = requests > r->max_run_requests ? requests : r->max_run_requests;
+    }
+    for (uint32_t l = 0; l < r->n_layer && !direct; l++) {
         const struct layer *layer = &r->layers[l];
         uint32_t run_experts = prefetch_run_experts(r, l);
         size_t requests = 0;
@@ -743,6 +766,13 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
         r->runs[i].huge_lengths = calloc(r->max_tensors_in_layer + 1, sizeof(*r->runs[i].huge_lengths));
         if (!r->runs[i].requests || !r->runs[i].addresses || !r->runs[i].huge_maps || !r->runs[i].huge_lengths) {
             return -ENOMEM;
+        }
+        if (direct) {
+            r->runs[i].staging = calloc(r->max_tensors_in_layer + 1, sizeof(*r->runs[i].staging));
+            r->runs[i].edges = malloc((r->max_tensors_in_layer + 1) * 2 * EDGE_SLOT_PAGES * r->page);
+            if (!r->runs[i].staging || !r->runs[i].edges) {
+                return -ENOMEM;
+            }
         }
     }
     r->prefetch_allowance = config->prefetch_bytes;
@@ -907,20 +937,33 @@ static char *take_spare(struct guanaco_residency *r, uint64_t length) {
     return spare.at;
 }
 
-/* Moves the anonymous pages at [at, at + length) out to a new spare, if there is room; the range is left
-   unmapped then, for the caller to map the file over. */
-static void keep_spare(struct guanaco_residency *r, char *at, uint64_t length) {
+/* Whether the spares have room for one more copy of `length` bytes. */
+static bool spare_room(struct guanaco_residency *r, uint64_t length) {
     if (r->spare_bytes + length > r->spare_limit || r->n_spares >= r->spare_count_limit) {
-        return;
+        return false;
     }
     if (r->n_spares == r->spare_capacity) {
         size_t capacity = r->spare_capacity ? 2 * r->spare_capacity : 64;
         struct spare_copy *grown = realloc(r->spares, capacity * sizeof(*grown));
         if (!grown) {
-            return;
+            return false;
         }
         r->spares = grown;
         r->spare_capacity = capacity;
+    }
+    return true;
+}
+
+static void add_spare(struct guanaco_residency *r, char *at, uint64_t length) {
+    r->spares[r->n_spares++] = (struct spare_copy){.at = at, .length = length};
+    r->spare_bytes += length;
+}
+
+/* Moves the anonymous pages at [at, at + length) out to a new spare, if there is room; the range is left
+   unmapped then, for the caller to map the file over. */
+static void keep_spare(struct guanaco_residency *r, char *at, uint64_t length) {
+    if (!spare_room(r, length)) {
+        return;
     }
     void *spare = mmap(NULL, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (spare == MAP_FAILED) {
@@ -930,8 +973,25 @@ static void keep_spare(struct guanaco_residency *r, char *at, uint64_t length) {
         munmap(spare, length);
         return;
     }
-    r->spares[r->n_spares++] = (struct spare_copy){.at = spare, .length = length};
-    r->spare_bytes += length;
+    add_spare(r, spare, length);
+}
+
+/* Copies read and never placed (a failed expert's, a guess nobody claimed) become spares, or go back to the
+   kernel; each staging[tensor] is NULL after. No read may still be landing in them. */
+static void discard_copies(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging) {
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        if (staging[k]) {
+            const struct tensor *t = &r->tensors[l->first_tensor + k];
+            uint64_t a = t->begin + (uint64_t)e * t->stride;
+            uint64_t length = page_down(r, a + t->stride) - page_up(r, a);
+            if (!r->shared && spare_room(r, length)) {
+                add_spare(r, staging[k], length);
+            } else {
+                munmap(staging[k], length);
+            }
+            staging[k] = NULL;
+        }
+    }
 }
 
 static void free_spares(struct guanaco_residency *r) {
@@ -1253,8 +1313,45 @@ static size_t page_cache_requests(struct guanaco_residency *r, const struct laye
     return n_requests;
 }
 
-/* DIRECT: the whole pages inside each slice go O_DIRECT into a spare copy or a fresh anonymous buffer; the
- * partial edge pages are read buffered, into the page cache, like PAGE_CACHE's. */
+/* DIRECT: expert e's slice of t as requests at out[0...]: its whole pages O_DIRECT into a spare copy or a fresh
+ * anonymous buffer (*staging, which the caller owns from here), its partial edge pages buffered into the two
+ * slots at `edges` (content discarded: the page cache is the point), like PAGE_CACHE's. Returns the request
+ * count (at most ceil(stride / chunk) + 2, as add_layer counted), or -errno with nothing allocated. */
+static long direct_slice_requests(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char **staging,
+                                  char *edges, struct guanaco_io_request *out) {
+    uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
+    uint64_t inner_start = page_up(r, a), inner_end = page_down(r, b);
+    long n = 0;
+    if (inner_start >= inner_end) { /* no whole page inside: all of it is edge */
+        out[n++] = (struct guanaco_io_request){.fd = t->fd, .offset = a, .length = b - a, .destination = edges};
+        return n;
+    }
+    char *buffer = take_spare(r, inner_end - inner_start);
+    if (!buffer) {
+        buffer = mmap(NULL, inner_end - inner_start, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    if (buffer == MAP_FAILED) {
+        return -errno;
+    }
+    *staging = buffer;
+    for (uint64_t at = inner_start; at < inner_end; at += GUANACO_RESIDENCY_CHUNK_BYTES) {
+        uint64_t left = inner_end - at;
+        out[n++] = (struct guanaco_io_request){
+            .fd = t->direct_fd, .offset = at,
+            .length = left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
+            .destination = buffer + (at - inner_start)};
+    }
+    if (a < inner_start) {
+        out[n++] = (struct guanaco_io_request){.fd = t->fd, .offset = a, .length = inner_start - a, .destination = edges};
+    }
+    if (inner_end < b) {
+        out[n++] = (struct guanaco_io_request){
+            .fd = t->fd, .offset = inner_end, .length = b - inner_end, .destination = edges + EDGE_SLOT_PAGES * r->page};
+    }
+    return n;
+}
+
+/* DIRECT: every missing expert's slices, in one job (direct_slice_requests). */
 static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const struct layer *l, size_t n) {
     size_t n_requests = 0;
     for (size_t i = 0; i < n; i++) {
@@ -1262,36 +1359,17 @@ static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             size_t slot = i * r->max_tensors_in_layer + k;
             char *edges = r->edge_scratch + slot * 2 * EDGE_SLOT_PAGES * r->page;
-            uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride, b = a + t->stride;
-            uint64_t inner_start = page_up(r, a), inner_end = page_down(r, b);
-            if (inner_start >= inner_end) { /* no whole page inside: all of it is edge */
-                add_request(r, &n_requests, t->fd, a, b - a, edges, i);
-                continue;
-            }
-            char *buffer = take_spare(r, inner_end - inner_start);
-            if (!buffer) {
-                buffer = mmap(NULL, inner_end - inner_start, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            }
-            if (buffer == MAP_FAILED) {
+            long added = direct_slice_requests(r, t, r->missing[i], &r->staging[slot], edges, r->requests + n_requests);
+            if (added < 0) {
                 if (r->missing_error[i] == 0) {
-                    r->missing_error[i] = -errno;
+                    r->missing_error[i] = (int)added;
                     guanaco_log_error("residency: no memory for expert %u of layer %u (%llu bytes): %s", r->missing[i],
-                                      layer, (unsigned long long)(inner_end - inner_start), strerror(errno));
+                                      layer, (unsigned long long)t->stride, strerror((int)-added));
                 }
                 continue;
             }
-            r->staging[slot] = buffer;
-            for (uint64_t at = inner_start; at < inner_end; at += GUANACO_RESIDENCY_CHUNK_BYTES) {
-                uint64_t left = inner_end - at;
-                add_request(r, &n_requests, t->direct_fd, at,
-                            left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
-                            buffer + (at - inner_start), i);
-            }
-            if (a < inner_start) {
-                add_request(r, &n_requests, t->fd, a, inner_start - a, edges, i);
-            }
-            if (inner_end < b) {
-                add_request(r, &n_requests, t->fd, inner_end, b - inner_end, edges + EDGE_SLOT_PAGES * r->page, i);
+            for (long q = 0; q < added; q++) {
+                r->request_missing[n_requests++] = (uint32_t)i;
             }
         }
     }
@@ -1339,14 +1417,14 @@ static int move_into_place(struct guanaco_residency *r, const struct tensor *t, 
     return 0;
 }
 
-/* Maps expert e's slices (moving DIRECT's copies of staging slot i in first); 0 or the first error. */
-static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32_t e, size_t i) {
+/* Maps expert e's slices (moving DIRECT's copies, staging[tensor], in first); 0 or the first error. */
+static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging) {
     for (uint32_t k = 0; k < l->n_tensors; k++) {
         const struct tensor *t = &r->tensors[l->first_tensor + k];
         uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
         int err = 0;
         if (r->load == GUANACO_RESIDENCY_LOAD_DIRECT) {
-            if ((err = move_into_place(r, t, a, &r->staging[i * r->max_tensors_in_layer + k])) != 0) {
+            if ((err = move_into_place(r, t, a, &staging[k])) != 0) {
                 return err;
             }
             /* the edge pages, now in the page cache; the interior is already mapped */
@@ -1434,7 +1512,8 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
             first_error = r->missing_error[i]; /* a staging buffer that could not be had */
         }
         if (r->missing_error[i] == 0) {
-            r->missing_error[i] = map_expert(r, l, r->missing[i], i);
+            r->missing_error[i] =
+                map_expert(r, l, r->missing[i], direct ? r->staging + i * r->max_tensors_in_layer : NULL);
             if (r->missing_error[i] && !first_error) {
                 first_error = r->missing_error[i];
             }
@@ -1444,14 +1523,8 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
         } else {
             r->stats.load_failures++;
         }
-        for (uint32_t k = 0; direct && k < l->n_tensors; k++) {
-            char **staging = &r->staging[i * r->max_tensors_in_layer + k];
-            if (*staging) {
-                const struct tensor *t = &r->tensors[l->first_tensor + k];
-                uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
-                munmap(*staging, page_down(r, a + t->stride) - page_up(r, a));
-                *staging = NULL;
-            }
+        if (direct) {
+            discard_copies(r, l, r->missing[i], r->staging + i * r->max_tensors_in_layer);
         }
     }
     /* PAGE_CACHE: the job only issued the reads; mapping waited for the disk, so that is read time too */
@@ -1500,6 +1573,27 @@ static void settle_issued(struct guanaco_residency *r, const struct prefetch_run
     }
 }
 
+/*
+ * DIRECT: a run nobody claimed, once its job is over. Its copies become
+ * spares; its interior never entered the page cache (O_DIRECT), so only the
+ * edge pages it read buffered are dropped, where no held expert shares them.
+ */
+static void discard_direct_run(struct guanaco_residency *r, struct prefetch_run *run) {
+    const struct layer *l = &r->layers[run->layer];
+    discard_copies(r, l, run->first_expert, run->staging);
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        uint64_t a = t->begin + (uint64_t)run->first_expert * t->stride, b = a + t->stride;
+        uint64_t edges[2] = {page_down(r, a), page_down(r, b)};
+        for (int side = 0; side < 2; side++) {
+            bool partial = side ? b % r->page != 0 : a % r->page != 0;
+            if (partial && page_droppable(r, run->layer, t, edges[side])) {
+                (void)drop_range(r, t, edges[side], edges[side] + r->page);
+            }
+        }
+    }
+}
+
 static void release_run(struct guanaco_residency *r, struct prefetch_run *run) {
     for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts; e++) {
         r->run_of_slot[(size_t)run->layer * r->n_expert + e] = 0;
@@ -1534,6 +1628,10 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
             r->stats.prefetch_wasted_bytes += guanaco_io_cancel(r->io, &run->job);
             r->stats.prefetch_wasted_experts += run->n_experts;
             release_run(r, run);
+            if (run->staging) {
+                discard_direct_run(r, run);
+                continue;
+            }
             settle_issued(r, run);
             for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts; e++) {
                 (void)drop_expert(r, layer, e);
@@ -1541,6 +1639,7 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
             continue;
         }
         uint64_t wait_start = guanaco_now_ns();
+        const bool landed = guanaco_io_poll(r->io, &run->job); /* DIRECT's copies: all read before the call */
         int err = guanaco_io_wait(r->io, &run->job);
         r->stats.prefetch_wait_ns += guanaco_now_ns() - wait_start;
         release_run(r, run);
@@ -1553,9 +1652,9 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
                 (void)drop_expert(r, layer, e);
                 continue;
             }
-            /* the reads were issued at once; whether the disk had answered shows in the page cache */
-            bool hidden = expert_cached(r, layer, e, false);
-            if (err == 0 && populate_slices(r, l, e, true) == 0) {
+            /* the page cache's reads were issued at once; whether the disk had answered shows in the page cache */
+            bool hidden = run->staging ? landed : expert_cached(r, layer, e, false);
+            if (err == 0 && (run->staging ? map_expert(r, l, e, run->staging) : populate_slices(r, l, e, true)) == 0) {
                 admit_loaded(r, e);
                 r->stats.prefetch_used_bytes += per_expert;
                 r->stats.prefetch_used_experts++;
@@ -1564,6 +1663,9 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
             } else {
                 r->missing[(*n_missing)++] = e; /* read it the ordinary way */
             }
+        }
+        if (run->staging) {
+            discard_copies(r, l, run->first_expert, run->staging); /* what a failure left unplaced */
         }
     }
     return admitted;
@@ -1671,6 +1773,27 @@ static void add_run_requests(struct guanaco_residency *r, struct prefetch_run *r
     }
 }
 
+/* DIRECT: the run's one expert as direct_slice_requests cuts it, each tensor's copy in run->staging. 0, or -errno
+   with no copy left. */
+static int direct_run_requests(struct guanaco_residency *r, struct prefetch_run *run) {
+    const struct layer *l = &r->layers[run->layer];
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        long added = direct_slice_requests(r, t, run->first_expert, &run->staging[k],
+                                           run->edges + (size_t)k * 2 * EDGE_SLOT_PAGES * r->page,
+                                           run->requests + run->n_requests);
+        if (added < 0) {
+            discard_copies(r, l, run->first_expert, run->staging);
+            return (int)added;
+        }
+        for (long q = 0; q < added; q++) {
+            run->addresses[run->n_requests + q] = address_of(t, run->requests[run->n_requests + q].offset);
+        }
+        run->n_requests += (size_t)added;
+    }
+    return 0;
+}
+
 static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
                            size_t n_read, uint32_t protect_layer, uint64_t token) {
     if (layer >= r->n_layer || r->layers[layer].n_tensors == 0 || n == 0 || r->stale) {
@@ -1725,7 +1848,10 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     /* ascending ids: consecutive experts are consecutive bytes of every tensor, so they share requests */
     qsort(r->missing, wanted, sizeof(*r->missing), compare_u32);
     const struct layer *l = &r->layers[layer];
-    const uint32_t run_limit = streamed && r->stream_huge ? stream_run_experts(r, layer) : prefetch_run_experts(r, layer);
+    const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
+    const uint32_t run_limit = direct                       ? 1
+                               : streamed && r->stream_huge ? stream_run_experts(r, layer)
+                                                            : prefetch_run_experts(r, layer);
     for (size_t i = 0; i < wanted;) {
         struct prefetch_run *run = NULL;
         for (uint32_t j = 0; j < r->n_runs && !run; j++) {
@@ -1741,8 +1867,12 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         *run = (struct prefetch_run){.active = true, .layer = layer, .first_expert = first, .n_experts = count,
                                      .bytes = (uint64_t)count * expert_bytes, .requests = run->requests,
                                      .addresses = run->addresses, .huge_maps = run->huge_maps,
-                                     .huge_lengths = run->huge_lengths};
-        for (uint32_t k = 0; k < l->n_tensors; k++) {
+                                     .huge_lengths = run->huge_lengths, .staging = run->staging, .edges = run->edges};
+        if (direct && direct_run_requests(r, run) != 0) {
+            run->active = false;
+            break; /* no memory for the copies: the rest is read on demand */
+        }
+        for (uint32_t k = 0; k < l->n_tensors && !direct; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
             /* a streamed run's whole 2 MiB pieces go through a huge mapping */

@@ -63,7 +63,7 @@ GUANACO_STREAMING=1 run streaming
 check "streaming, no budget: concurrent == alone == streaming off" $? "rc=$rc $(tail -3 "$W/streaming.log")"
 
 # Under a budget: every context's router drives the one residency engine.
-# The last field is the read-ahead predictor (page-cache loading reads ahead; direct ignores it).
+# The last field is the read-ahead predictor (into the page cache, or with direct loading into copies).
 for spec in "lru io_uring direct pilot" "lru threads page-cache pilot" "layer-lru io_uring page-cache pilot" \
             "layer-lru threads direct none" "layer-lru threads page-cache none" "lru io_uring page-cache gate"; do
     set -- $spec

@@ -1359,7 +1359,7 @@ static void test_policy_refusal(const struct model *m, enum guanaco_io_backend i
     drop_whole_file(m);
     uint64_t budget = EXPERT_BYTES * N_EXPERT * 2;
     struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
-    config.prefetch_bytes = load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE ? budget / 2 : 0;
+    config.prefetch_bytes = budget / 2;
     struct guanaco_residency *r = NULL;
     CHECK(guanaco_residency_create(&config, &r) == 0);
     if (!r) {
@@ -1584,12 +1584,12 @@ int main(void) {
             run_prefetch_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 10, 1, 4, 3);
             overlap_layer = false;
         }
+        /* read-ahead, right and wrong, then a prompt-sized batch with a tight budget (DIRECT: into copies) */
+        run_prefetch_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 10, 1, 4, 3);
+        run_prefetch_stream(&m, io, GUANACO_POLICY_LRU, all / 4, 8, 2, 2, 0);
+        run_prefetch_stream(&m, io, GUANACO_POLICY_GUANACO, all / 5, 6, 8, 4, 0);
+        test_cancel_in_flight(&m, io);
         if (load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {
-            /* read-ahead, right and wrong, then a prompt-sized batch with a tight budget */
-            run_prefetch_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 10, 1, 4, 3);
-            run_prefetch_stream(&m, io, GUANACO_POLICY_LRU, all / 4, 8, 2, 2, 0);
-            run_prefetch_stream(&m, io, GUANACO_POLICY_GUANACO, all / 5, 6, 8, 4, 0);
-            test_cancel_in_flight(&m, io);
             test_stream_prompts(io);
         }
         if (load_mode == GUANACO_RESIDENCY_LOAD_PAGE_CACHE) {

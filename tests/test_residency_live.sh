@@ -40,7 +40,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
     for run in "guanaco io_uring 3M direct pilot" "lru threads 3M page-cache pilot" \
                "layer-lru io_uring 2M page-cache none" "layer-lru threads 2M direct none" \
                "lfu threads 4M direct pilot" "guanaco threads 3M page-cache pilot" \
-               "layer-lru io_uring 4M page-cache pilot --ubatch 16" "lru io_uring 3M page-cache gate" \
+               "layer-lru io_uring 4M page-cache pilot --ubatch 16" "lru io_uring 3M page-cache gate" "guanaco io_uring 3M direct gate" \
                "guanaco threads 2M page-cache gate --ubatch 16" \
                "lru io_uring 3M page-cache throttled-gate --gen-tokens 40" \
                "layer-lru io_uring 3M direct pilot+repack=on" "lru threads 2M page-cache none+repack=off" \
@@ -89,8 +89,8 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
             [ $? -eq $([ $overlap = on ] && echo 0 || echo 1) ]
             check "$arch $quant: $name overlaps its layers' reads: $overlap" $? "$(grep -o 'load page-cache[^,]*' "$W/$arch.$name.log" | head -1)"
         fi
-        # page-cache loading with a predictor must really read ahead and use some of it
-        if [ "$4" = page-cache ] && [ "$predictor" != none ] && [ $throttle = off ]; then
+        # a predictor must really read ahead and use some of it, into the page cache or (direct) into copies
+        if [ "$predictor" != none ] && [ $throttle = off ]; then
             grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'read-ahead [0-9.]* MiB issued, [0-9.]* used' |
                 awk '{ exit !($2 > 0 && $5 > 0) }'
             check "$arch $quant: $name read ahead and used some of it" $? \
