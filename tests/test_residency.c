@@ -631,6 +631,9 @@ static void run_stream(const struct model *m, enum guanaco_io_backend io, enum g
     CHECK(st.expert_loads >= st.evictions);
     CHECK(st.peak_resident_bytes >= st.resident_bytes);
     CHECK(st.stall_ns > 0);
+    /* DIRECT: once experts were evicted, later reads went into their copies' pages; page-cache loading has none */
+    CHECK(load_mode == GUANACO_RESIDENCY_LOAD_DIRECT ? st.evictions < 2 * N_EXPERT || st.spare_reused_bytes > 0
+                                                    : st.spare_reused_bytes == 0);
     char scratch[32];
     snprintf(scratch, sizeof(scratch), "queue depth %u", config.queue_depth);
     printf("  %-8s %-9s budget %5.1f%% cap %2u batch %u top-%u %-7s %s: %llu accesses, %.0f%% hits, %llu loads, "
@@ -1274,6 +1277,7 @@ static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
     guanaco_residency_get_stats(r, &st);
     CHECK(st.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && st.evictions > 0 && st.prefetch_used_experts > 0);
     CHECK(st.transformed_bytes == st.expert_loads * EXPERT_BYTES); /* every load, claimed read-ahead too */
+    CHECK(st.spare_reused_bytes > 0); /* evicted arena pages were written again, not fresh ones */
     guanaco_residency_destroy(r);
 
     /* a warm start fills arenas from the page cache without a read (the engine before left its arenas filled) */
