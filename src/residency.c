@@ -208,7 +208,6 @@ struct guanaco_residency {
     bool overlap_layer;     /* config: a call returns once its reads are issued; the matmuls fault the pages in */
     uint32_t last_layer;    /* the layer of the last call: with overlap_layer, its reads may still be landing */
     bool shared;            /* several contexts compute: an eviction swaps the file in atomically, no spare */
-    bool arena_spares;      /* evicted arena pages are kept for the next transform (arena_keep_spare) */
     bool preloading;        /* the preload maps what it reads: nothing computes from it soon, and this VM's
                                DAMON pages out cold unmapped file pages */
     bool no_cachestat;      /* cachestat(2) is missing or failed once: the warm start asks mincore */
@@ -338,53 +337,19 @@ static long read_long_file(const char *path) {
  * is every expert of every layer resident at once; when that does not fit
  * under vm.max_map_count the engine uses PAGE_CACHE, which adds none.
  */
-static int choose_direct(struct guanaco_residency *r, const struct guanaco_residency_config *config);
-
-/* Spares, for DIRECT's copies or for arena pages: enough for the next call's reads, which take them (a decode
-   call reads a few experts), and at most one layer's count of slices. */
-static void size_spares(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
-    r->spare_limit = config->budget_bytes / 8 > SPARE_MIN_BYTES ? config->budget_bytes / 8 : SPARE_MIN_BYTES;
-    r->spare_count_limit = (size_t)r->n_expert * r->max_tensors_in_layer;
-}
-
-/* Arena spares where every arena slice split in two VMAs fits under vm.max_map_count. */
-static void choose_arena_spares(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
-    uint64_t arena_tensors = 0;
-    for (uint32_t i = 0; i < r->n_tensors; i++) {
-        arena_tensors += r->tensors[i].arena != NULL;
-    }
-    long max_map_count = read_long_file("/proc/sys/vm/max_map_count");
-    uint64_t worst_vmas = 2ull * arena_tensors * r->n_expert + (uint64_t)r->n_expert * r->max_tensors_in_layer;
-    if (max_map_count > 0 && worst_vmas + VMA_RESERVE > (uint64_t)max_map_count) {
-        guanaco_log_info("residency: keeping evicted arena pages could need %llu memory mappings, more than "
-                         "vm.max_map_count (%ld) allows: repacking into fresh pages",
-                         (unsigned long long)worst_vmas, max_map_count);
-        return;
-    }
-    size_spares(r, config);
-    r->arena_spares = true;
-}
-
 static int choose_load(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
     r->load = GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
     if (r->transform_source_bytes &&
         !(r->transform_source = malloc(r->transform_source_bytes))) {
         return -ENOMEM;
     }
-    if (r->transform_source) {
-        choose_arena_spares(r, config);
-    }
     if (config->load != GUANACO_RESIDENCY_LOAD_DIRECT) {
         return 0;
     }
     if (r->transform_source) {
         guanaco_log_info("residency: repacked experts load through the page cache: using page-cache loading");
+        return 0;
     }
-    return r->transform_source ? 0 : choose_direct(r, config);
-}
-
-/* LOAD_DIRECT where it can work: every tensor has an O_DIRECT fd and the worst case fits the VMA limit. */
-static int choose_direct(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
     for (uint32_t i = 0; i < r->n_tensors; i++) {
         if (r->tensors[i].direct_fd < 0) {
             guanaco_log_error("residency: direct loading needs an O_DIRECT fd for every expert tensor");
@@ -401,7 +366,9 @@ static int choose_direct(struct guanaco_residency *r, const struct guanaco_resid
         return 0;
     }
     size_t slots = (size_t)r->n_expert * r->max_tensors_in_layer;
-    size_spares(r, config);
+    /* enough for the next call's reads, which take them; a decode call reads a few experts */
+    r->spare_limit = config->budget_bytes / 8 > SPARE_MIN_BYTES ? config->budget_bytes / 8 : SPARE_MIN_BYTES;
+    r->spare_count_limit = slots;
     r->staging = calloc(slots ? slots : 1, sizeof(*r->staging));
     r->edge_scratch = malloc((slots ? slots : 1) * 2 * EDGE_SLOT_PAGES * r->page);
     if (!r->staging || !r->edge_scratch) {
@@ -994,21 +961,20 @@ static void add_spare(struct guanaco_residency *r, char *at, uint64_t length) {
 }
 
 /* Moves the anonymous pages at [at, at + length) out to a new spare, if there is room; the range is left
-   unmapped then (true), for the caller to map something over. */
-static bool keep_spare(struct guanaco_residency *r, char *at, uint64_t length) {
+   unmapped then, for the caller to map the file over. */
+static void keep_spare(struct guanaco_residency *r, char *at, uint64_t length) {
     if (!spare_room(r, length)) {
-        return false;
+        return;
     }
     void *spare = mmap(NULL, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (spare == MAP_FAILED) {
-        return false;
+        return;
     }
     if (mremap(at, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, spare) == MAP_FAILED) {
         munmap(spare, length);
-        return false;
+        return;
     }
     add_spare(r, spare, length);
-    return true;
 }
 
 /* Copies read and never placed (a failed expert's, a guess nobody claimed) become spares, or go back to the
@@ -1044,7 +1010,7 @@ static void free_spares(struct guanaco_residency *r) {
 static int restore_file_pages(struct guanaco_residency *r, const struct tensor *t, uint64_t start, uint64_t end) {
     void *at = (void *)(uintptr_t)address_of(t, start);
     if (!r->shared) {
-        (void)keep_spare(r, at, end - start); /* leaves the range unmapped until the mmap below */
+        keep_spare(r, at, end - start); /* leaves the range unmapped until the mmap below */
     }
     void *mapped = mmap(at, end - start, PROT_READ, MAP_SHARED | MAP_FIXED, t->fd, (off_t)start);
     if (mapped == MAP_FAILED) {
@@ -1069,7 +1035,16 @@ static bool arena_page_droppable(const struct guanaco_residency *r, uint32_t lay
     return true;
 }
 
-static int arena_dontneed(struct guanaco_residency *r, const struct tensor *t, uint64_t start, uint64_t end) {
+/* An arena tensor's share of drop_expert: the slice's arena pages, edges by arena_page_droppable. */
+static int drop_arena_slice(struct guanaco_residency *r, uint32_t layer, const struct tensor *t, uint32_t e) {
+    uint64_t a = (uint64_t)e * t->stride, b = a + t->stride, length = page_up(r, t->end - t->begin);
+    uint64_t start = page_up(r, a), end = page_down(r, b);
+    if (a % r->page && arena_page_droppable(r, layer, t, page_down(r, a))) {
+        start = page_down(r, a);
+    }
+    if (b % r->page && arena_page_droppable(r, layer, t, page_down(r, b))) {
+        end = page_down(r, b) + r->page < length ? page_down(r, b) + r->page : length;
+    }
     if (start < end && madvise(t->arena + start, end - start, MADV_DONTNEED) != 0) {
         int err = -errno;
         guanaco_log_error("residency: madvise(MADV_DONTNEED) on the arena of %s bytes %llu..%llu: %s",
@@ -1078,55 +1053,6 @@ static int arena_dontneed(struct guanaco_residency *r, const struct tensor *t, u
         return err;
     }
     return 0;
-}
-
-/*
- * Arena spares: an evicted slice's whole arena pages move out to a spare, and
- * a fresh reserved mapping takes their place; the next transform moves a
- * spare into its own slice before it writes (transform_slice). Fresh arena
- * pages cost the kernel's allocation and zeroing (1.1 ms per MB in this VM),
- * which made repacking a miss cost more than the repacked kernels save under
- * a partial budget. False, with the pages still in place, where there is no
- * room or no mapping.
- */
-static bool arena_keep_spare(struct guanaco_residency *r, const struct tensor *t, uint64_t start, uint64_t end) {
-    char *at = t->arena + start;
-    uint64_t length = end - start;
-    if (!r->arena_spares || r->shared || !keep_spare(r, at, length)) {
-        return false;
-    }
-    void *fresh = mmap(at, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    if (fresh == MAP_FAILED) {
-        /* the range must not stay a hole: the pages go back, and the caller drops them */
-        struct spare_copy spare = r->spares[--r->n_spares];
-        r->spare_bytes -= spare.length;
-        if (mremap(spare.at, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
-            munmap(spare.at, length);
-        }
-        return false;
-    }
-    (void)madvise(at, length, MADV_NOHUGEPAGE); /* as expert_repack made the arena */
-    return true;
-}
-
-/* An arena tensor's share of drop_expert: the slice's arena pages (to a spare where arena_keep_spare can),
-   edges by arena_page_droppable. */
-static int drop_arena_slice(struct guanaco_residency *r, uint32_t layer, const struct tensor *t, uint32_t e) {
-    uint64_t a = (uint64_t)e * t->stride, b = a + t->stride, length = page_up(r, t->end - t->begin);
-    uint64_t start = page_up(r, a), end = page_down(r, b);
-    const uint64_t inner_start = start, inner_end = end;
-    if (a % r->page && arena_page_droppable(r, layer, t, page_down(r, a))) {
-        start = page_down(r, a);
-    }
-    if (b % r->page && arena_page_droppable(r, layer, t, page_down(r, b))) {
-        end = page_down(r, b) + r->page < length ? page_down(r, b) + r->page : length;
-    }
-    if (inner_start < inner_end && arena_keep_spare(r, t, inner_start, inner_end)) {
-        int err = arena_dontneed(r, t, start, inner_start);
-        int edge = arena_dontneed(r, t, inner_end, end);
-        return err ? err : edge;
-    }
-    return arena_dontneed(r, t, start, end);
 }
 
 /*
@@ -1278,13 +1204,6 @@ static int transform_slice(struct guanaco_residency *r, const struct tensor *t, 
         done += (uint64_t)got;
     }
     uint64_t start = guanaco_now_ns();
-    /* A spare's pages (arena_keep_spare) replace the slice's fresh ones: the transform writes every byte. */
-    uint64_t inner_start = page_up(r, a - t->begin), inner_end = page_down(r, a - t->begin + t->stride);
-    char *spare = r->arena_spares && !r->shared && inner_start < inner_end ? take_spare(r, inner_end - inner_start) : NULL;
-    if (spare && mremap(spare, inner_end - inner_start, inner_end - inner_start, MREMAP_MAYMOVE | MREMAP_FIXED,
-                        t->arena + inner_start) == MAP_FAILED) {
-        munmap(spare, inner_end - inner_start);
-    }
     /* One call faults the slice's fresh pages in, where the transform's stores would take one fault per page:
        repacking 14.8 -> 11.9 ms per token for Q4_0 at a 25% budget (README, --guanaco-repack). */
     uint64_t first = page_down(r, a - t->begin), last = page_up(r, a - t->begin + t->stride);

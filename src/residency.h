@@ -176,8 +176,8 @@ struct guanaco_residency_stats {
     uint64_t streamed_bytes;        /* loaded for a streamed call and dropped after it (inside the loads) */
     uint64_t streamed_huge_bytes;   /* read ahead for streamed calls through the MADV_HUGEPAGE mapping */
     uint64_t loaded_huge_bytes;     /* demand loads' bytes read through the MADV_HUGEPAGE mapping */
-    uint64_t spare_reused_bytes;    /* DIRECT copies and arena slices written into an evicted copy's pages (spares),
-                                       not into fresh ones the kernel allocates and zeroes */
+    uint64_t spare_reused_bytes;    /* DIRECT copies read into an evicted copy's pages (spares), not into fresh
+                                       ones the kernel allocates and zeroes */
     enum guanaco_io_backend io_backend;
     enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
     bool overlap_layer;               /* in force: config.overlap_layer with PAGE_CACHE loading */

@@ -1277,7 +1277,6 @@ static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
     guanaco_residency_get_stats(r, &st);
     CHECK(st.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && st.evictions > 0 && st.prefetch_used_experts > 0);
     CHECK(st.transformed_bytes == st.expert_loads * EXPERT_BYTES); /* every load, claimed read-ahead too */
-    CHECK(st.spare_reused_bytes > 0); /* evicted arena pages were written again, not fresh ones */
     guanaco_residency_destroy(r);
 
     /* a warm start fills arenas from the page cache without a read (the engine before left its arenas filled) */
