@@ -224,8 +224,10 @@ int guanaco_residency_preload_layer(struct guanaco_residency *r, uint32_t layer,
  * flight, and drops the rest. The prediction is scored there too (stats:
  * prediction_checked, predicted_needed). A wrong guess costs bytes, never
  * correctness: nothing read ahead is mapped until a call claims it.
- * 0, or the first eviction error. No-op without read-ahead (DIRECT loading,
- * or prefetch_bytes 0), except for scoring the prediction.
+ * With DIRECT loading each run is one expert, read into anonymous copies
+ * that the claiming call moves into place.
+ * 0, or the first eviction error. No-op without read-ahead (prefetch_bytes
+ * 0), except for scoring the prediction.
  */
 int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
                                size_t n_read, uint32_t protect_layer, uint64_t token);
