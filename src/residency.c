@@ -930,12 +930,8 @@ static char *take_spare(struct guanaco_residency *r, uint64_t length) {
     if (spare.length > length) {
         munmap(spare.at + length, spare.length - length);
     }
-    if (mprotect(spare.at, length, PROT_READ | PROT_WRITE) != 0) {
-        munmap(spare.at, length);
-        return NULL;
-    }
     r->stats.spare_reused_bytes += length;
-    return spare.at;
+    return spare.at; /* writable since keep_spare */
 }
 
 /* Whether the spares have room for one more copy of `length` bytes. */
@@ -971,6 +967,12 @@ static void keep_spare(struct guanaco_residency *r, char *at, uint64_t length) {
         return;
     }
     if (mremap(at, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, spare) == MAP_FAILED) {
+        munmap(spare, length);
+        return;
+    }
+    /* A placed copy is read-only and becomes writable for the next read. The file's own mapping (an expert whose
+       load failed before its copy was placed) cannot: it is not a copy, and goes. */
+    if (mprotect(spare, length, PROT_READ | PROT_WRITE) != 0) {
         munmap(spare, length);
         return;
     }
