@@ -475,8 +475,9 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
         if (guanaco_read_ahead_is_prompt(distinct, n_expert)) {
             /* a prompt: the next layer will need nearly all its experts too, read in file order. Only where the
                layer streams (page-cache loading): DIRECT's copies would enter the resident set, and the room they
-               need, up to half the budget, would evict what decoding keeps (256-token prompts at 25%, replayed routing: 32.9% of the run's
-               accesses hit against 36.9% without, decode 2.8-3.2 against 3.4-3.6 tok/s; bench/PIPELINE.md) */
+               need, up to half the budget, would evict what decoding keeps (256-token prompts at 25%, replayed
+               routing: 32.9% of the run's accesses hit against 36.9% without, decode 2.8-3.2 against 3.4-3.6
+               tok/s; bench/PIPELINE.md) */
             for (uint32_t e = 0; engine->prompt_read_ahead && e < n_expert; e++) {
                 engine->predicted[n++] = e;
             }

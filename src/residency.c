@@ -440,8 +440,7 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
         if (r->runs[i].active) {
             (void)guanaco_io_cancel(r->io, &r->runs[i].job); /* no read may land after the buffers go */
             unmap_huge(&r->runs[i]);
-            if (r->runs[i].staging) {
-                r->shared = true; /* no spare: they are freed below */
+            if (r->runs[i].staging) { /* to the spares, which free_spares frees below */
                 discard_copies(r, &r->layers[r->runs[i].layer], r->runs[i].first_expert, r->runs[i].staging);
             }
         }
@@ -1268,20 +1267,14 @@ static int place_slice(struct guanaco_residency *r, const struct tensor *t, uint
     return r->overlap_layer && !r->preloading ? 0 : map_slice(r, t, e);
 }
 
-static void add_request(struct guanaco_residency *r, size_t *n_requests, int fd, uint64_t offset, uint64_t length,
-                        char *destination, size_t missing_index) {
-    r->requests[*n_requests] = (struct guanaco_io_request){
-        .fd = fd, .offset = offset, .length = length, .destination = destination};
-    r->request_missing[(*n_requests)++] = (uint32_t)missing_index;
-}
-
 /* File bytes [a, b) of t in pieces of `piece`: WILLNEED, or populate through `huge`, where byte a is mapped. */
 static void add_slice_requests(struct guanaco_residency *r, size_t *n_requests, const struct tensor *t, uint64_t a,
                                uint64_t b, const char *huge, uint64_t piece, size_t missing_index) {
     for (uint64_t at = a; at < b; at += piece) {
         uint64_t length = b - at < piece ? b - at : piece;
-        add_request(r, n_requests, t->fd, at, length, NULL, missing_index);
-        r->requests[*n_requests - 1].populate = huge ? huge + (at - a) : NULL;
+        r->requests[*n_requests] = (struct guanaco_io_request){
+            .fd = t->fd, .offset = at, .length = length, .populate = huge ? huge + (at - a) : NULL};
+        r->request_missing[(*n_requests)++] = (uint32_t)missing_index;
     }
 }
 
