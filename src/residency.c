@@ -156,6 +156,7 @@ struct guanaco_residency {
     struct guanaco_io_request *requests;
     uint32_t *request_missing; /* which missing expert (index into missing) each request belongs to */
     size_t request_capacity;
+    size_t max_expert_requests; /* the most requests one expert's slices take (add_layer), a DIRECT run's */
     /* LOAD_DIRECT: per (missing expert, tensor) the anonymous buffer its interior pages are read into, and
        two EDGE_SLOT_PAGES slots each for its partial edge pages (content discarded: the page cache is the point) */
     char **staging;
@@ -580,25 +581,28 @@ static int add_layer(struct guanaco_residency *r, const struct guanaco_residency
     if (layer->n_tensors > r->max_tensors_in_layer) {
         r->max_tensors_in_layer = layer->n_tensors;
     }
-    *requests = requests_per_expert * r->n_expert; /* every expert of the layer missing at once */
+    *requests = requests_per_expert;
     return 0;
 }
 
 /* Every layer, then the request table for the largest call. 0, -EINVAL (with a message), -ENOMEM or -errno. */
 static int add_layers(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
-    uint64_t most_requests = 0;
+    uint64_t most_per_expert = 0;
     for (uint32_t l = 0; l < r->n_layer; l++) {
         uint64_t requests = 0;
         int err = add_layer(r, config, l, &requests);
         if (err) {
             return err;
         }
-        most_requests = requests > most_requests ? requests : most_requests;
+        most_per_expert = requests > most_per_expert ? requests : most_per_expert;
         r->last_expert_layer = r->layers[l].n_tensors ? l : r->last_expert_layer;
     }
+    /* every expert of a layer missing at once */
+    uint64_t most_requests = most_per_expert * r->n_expert;
     if (most_requests > SIZE_MAX / sizeof(struct guanaco_io_request)) {
         return -ENOMEM;
     }
+    r->max_expert_requests = (size_t)most_per_expert;
     r->request_capacity = (size_t)most_requests;
     r->requests = calloc(most_requests ? most_requests : 1, sizeof(*r->requests));
     r->request_missing = calloc(most_requests ? most_requests : 1, sizeof(*r->request_missing));
@@ -724,14 +728,7 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
     /* A run's requests: each tensor's span of the run in GUANACO_IO_ADVISE_BYTES pieces (see settle_issued), or
        DIRECT's one expert as direct_slice_requests cuts it. */
-    for (uint32_t l = 0; l < r->n_layer && direct; l++) {
-        size_t requests = 0;
-        for (uint32_t k = 0; k < r->layers[l].n_tensors; k++) {
-            uint64_t stride = r->tensors[r->layers[l].first_tensor + k].stride;
-            requests += (size_t)((stride + GUANACO_RESIDENCY_CHUNK_BYTES - 1) / GUANACO_RESIDENCY_CHUNK_BYTES) + 2;
-        }
-        r->max_run_requests = requests > r->max_run_requests ? requests : r->max_run_requests;
-    }
+    r->max_run_requests = direct ? r->max_expert_requests : 0;
     for (uint32_t l = 0; l < r->n_layer && !direct; l++) {
         const struct layer *layer = &r->layers[l];
         uint32_t run_experts = prefetch_run_experts(r, l);
@@ -1061,8 +1058,10 @@ static int drop_arena_slice(struct guanaco_residency *r, uint32_t layer, const s
  * expert must already be marked non-resident. Its interior pages always go;
  * each edge page goes when page_droppable says so. The result is one
  * contiguous range per slice, and for an arena tensor one in the arena too.
+ * DIRECT's copies, where `copies_placed`, move out to the spares first; a
+ * copy never placed (a guess nobody claimed) left the mapping the file's.
  */
-static int drop_expert(struct guanaco_residency *r, uint32_t layer, uint32_t e) {
+static int drop_expert_pages(struct guanaco_residency *r, uint32_t layer, uint32_t e, bool copies_placed) {
     const struct layer *l = &r->layers[layer];
     int first_error = 0;
     for (uint32_t i = 0; i < l->n_tensors; i++) {
@@ -1075,7 +1074,7 @@ static int drop_expert(struct guanaco_residency *r, uint32_t layer, uint32_t e) 
         if (b % r->page && page_droppable(r, layer, t, page_down(r, b))) {
             end = page_down(r, b) + r->page;
         }
-        if (r->load == GUANACO_RESIDENCY_LOAD_DIRECT && page_up(r, a) < page_down(r, b)) {
+        if (copies_placed && r->load == GUANACO_RESIDENCY_LOAD_DIRECT && page_up(r, a) < page_down(r, b)) {
             int err = restore_file_pages(r, t, page_up(r, a), page_down(r, b));
             if (err && !first_error) {
                 first_error = err;
@@ -1093,6 +1092,10 @@ static int drop_expert(struct guanaco_residency *r, uint32_t layer, uint32_t e) 
         }
     }
     return first_error;
+}
+
+static int drop_expert(struct guanaco_residency *r, uint32_t layer, uint32_t e) {
+    return drop_expert_pages(r, layer, e, true);
 }
 
 /*
@@ -1569,25 +1572,11 @@ static void settle_issued(struct guanaco_residency *r, const struct prefetch_run
     }
 }
 
-/*
- * DIRECT: a run nobody claimed, once its job is over. Its copies become
- * spares; its interior never entered the page cache (O_DIRECT), so only the
- * edge pages it read buffered are dropped, where no held expert shares them.
- */
+/* DIRECT: a run nobody claimed, once its job is over. Its copies become spares, and the pages it read buffered
+   (its edges; O_DIRECT left the interior out of the page cache) go where no held expert shares them. */
 static void discard_direct_run(struct guanaco_residency *r, struct prefetch_run *run) {
-    const struct layer *l = &r->layers[run->layer];
-    discard_copies(r, l, run->first_expert, run->staging);
-    for (uint32_t k = 0; k < l->n_tensors; k++) {
-        const struct tensor *t = &r->tensors[l->first_tensor + k];
-        uint64_t a = t->begin + (uint64_t)run->first_expert * t->stride, b = a + t->stride;
-        uint64_t edges[2] = {page_down(r, a), page_down(r, b)};
-        for (int side = 0; side < 2; side++) {
-            bool partial = side ? b % r->page != 0 : a % r->page != 0;
-            if (partial && page_droppable(r, run->layer, t, edges[side])) {
-                (void)drop_range(r, t, edges[side], edges[side] + r->page);
-            }
-        }
-    }
+    discard_copies(r, &r->layers[run->layer], run->first_expert, run->staging);
+    (void)drop_expert_pages(r, run->layer, run->first_expert, false);
 }
 
 static void release_run(struct guanaco_residency *r, struct prefetch_run *run) {
