@@ -14,6 +14,7 @@
 #include "monotonic_clock.h"
 
 #include "ggml-backend.h"
+#include "ggml-cpu.h"
 #include "gguf.h"
 
 #include <errno.h>
@@ -513,6 +514,25 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
     pthread_mutex_unlock(&engine->predictor_lock);
 }
 
+/* ggml-cpu has one MUL_MAT_ID question for the whole process: the first engine that overlaps direct reads
+   answers it. */
+static _Atomic(struct guanaco_engine *) expert_ready_owner;
+
+static bool expert_ready(const struct ggml_tensor *weights, int32_t expert, bool wait, void *user_data) {
+    struct guanaco_engine *engine = user_data;
+    return expert < 0 || guanaco_residency_expert_ready(engine->residency, weights->data, (uint32_t)expert, wait);
+}
+
+/* Whether this engine may answer MUL_MAT_ID's question; takes it if so. */
+static bool claim_expert_ready(struct guanaco_engine *engine) {
+    struct guanaco_engine *none = NULL;
+    return atomic_compare_exchange_strong(&expert_ready_owner, &none, engine);
+}
+
+int guanaco_engine_finish_graph(struct guanaco_engine *engine) {
+    return engine && engine->residency ? guanaco_residency_finish(engine->residency) : 0;
+}
+
 static int start_residency(struct guanaco_engine *engine, char *const *mapping_base) {
     const struct guanaco_manifest *m = &engine->manifest;
     const struct guanaco_options *o = &engine->options;
@@ -618,6 +638,13 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .huge_folios = o->huge_folios,
         .overlap_layer = o->overlap_layer,
     };
+    /* direct loading's overlap needs MUL_MAT_ID to ask: one engine per process gets it, the others wait for
+       their reads as without the overlap */
+    if (config.overlap_layer && load == GUANACO_RESIDENCY_LOAD_DIRECT && !claim_expert_ready(engine)) {
+        guanaco_log_info("--guanaco-overlap-layer: another model in this process overlaps its direct reads; this one "
+                         "waits for its reads");
+        config.overlap_layer = false;
+    }
     err = guanaco_residency_create(&config, &engine->residency);
     if (err == -ENOSYS && config.io_backend == GUANACO_IO_URING) {
         guanaco_log_info("io_uring is not available here: using the pread thread pool");
@@ -625,6 +652,8 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         err = guanaco_residency_create(&config, &engine->residency);
     }
     if (err < 0) {
+        struct guanaco_engine *self = engine;
+        atomic_compare_exchange_strong(&expert_ready_owner, &self, NULL);
         return err;
     }
     if (o->preload) {
@@ -660,6 +689,12 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     update_holds_every_expert(engine);
     struct guanaco_residency_stats started;
     guanaco_residency_get_stats(engine->residency, &started);
+    if (started.overlap_layer && started.load == GUANACO_RESIDENCY_LOAD_DIRECT) {
+        engine->asks_expert_ready = true;
+        ggml_cpu_set_expert_ready(expert_ready, engine);
+    } else if (atomic_load(&expert_ready_owner) == engine) {
+        atomic_store(&expert_ready_owner, NULL); /* direct loading fell back to the page cache */
+    }
     engine->prompt_read_ahead = started.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
     char prefetch[128] = "none";
     if (engine->predictor) {
@@ -1140,11 +1175,16 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
     if (engine->residency) {
         struct guanaco_residency_stats st;
         guanaco_residency_get_stats(engine->residency, &st);
-        char tail[160];
-        snprintf(tail, sizeof(tail), ", peak %.2f GiB resident, %llu failed loads, load %s", gib(st.peak_resident_bytes),
-                 (unsigned long long)st.load_failures, load_name(st.load));
+        char tail[256];
+        snprintf(tail, sizeof(tail), ", peak %.2f GiB resident, %llu failed loads, load %s, %llu loads settled while their "
+                 "layer computed", gib(st.peak_resident_bytes), (unsigned long long)st.load_failures, load_name(st.load),
+                 (unsigned long long)st.loads_settled_computing);
         /* the preload is reported on its own line: these are the decode's */
         log_residency("residency", &st, &engine->after_preload, atomic_load(&engine->tokens_done), tail);
+        if (engine->asks_expert_ready) {
+            ggml_cpu_set_expert_ready(NULL, NULL);
+            atomic_store(&expert_ready_owner, NULL);
+        }
         guanaco_residency_destroy(engine->residency);
     }
     guanaco_expert_repack_destroy(engine->repack);

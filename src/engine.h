@@ -66,7 +66,12 @@ struct guanaco_engine {
     _Atomic int mapping_faulted;               /* a read past the file's end was turned into zeros: fail */
     _Atomic int told_mapping_faulted;
     _Atomic int trace_error_returned;          /* trace_error has failed a graph already */
+    bool asks_expert_ready;                    /* ggml-cpu's MUL_MAT_ID asks this engine's residency per expert */
 };
+
+/* A graph has computed: the last layer's call, if it returned with reads in flight (--guanaco-overlap-layer
+   with direct loading), ends now. 0 or its error, which fails the graph. */
+int guanaco_engine_finish_graph(struct guanaco_engine *engine);
 
 /* Record one router decision of context `sequence` to --guanaco-trace-out, if on. */
 void guanaco_engine_record_routing(struct guanaco_engine *engine, uint32_t sequence, uint32_t first_token,

@@ -330,7 +330,14 @@ int guanaco_hook_take_error(ggml_backend_sched_eval_callback callback, void *use
         return 0;
     }
     struct guanaco_hook *hook = user_data;
+    int finish_error = guanaco_engine_finish_graph(hook->engine); /* a call whose reads may still be landing */
+    if (finish_error < 0) {
+        guanaco_log_error("an expert of the last layer could not be read while the layer computed (%s): this batch "
+                          "fails", strerror(-finish_error));
+        fflush(stderr);
+    }
     int err = atomic_exchange(&hook->error, 0);
+    err = err ? err : finish_error;
     if (atomic_load(&hook->engine->mapping_faulted)) {
         /* the graph read zeros where the file's bytes were: this result, and every later one, is void */
         if (!atomic_exchange(&hook->engine->told_mapping_faulted, 1)) {

@@ -33,6 +33,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,21 @@ struct prefetch_run {
     char *edges;             /* max_tensors_in_layer * 2 * EDGE_SLOT_PAGES pages */
 };
 
+/* overlap_layer with DIRECT: a call that returned with its demand reads in flight, one job per missing expert.
+   MUL_MAT_ID asks for each expert as it reaches it (guanaco_residency_expert_ready), and whatever comes next
+   (the next call, the end of the graph) finishes the call: the policy hears of it, and evicts. */
+struct deferred_call {
+    bool active;
+    uint32_t layer;
+    size_t n_missing, n_distinct, n_requests;
+    uint64_t token;
+    int pending_error;
+    uint64_t transformed_before, wasted_before; /* prepare_locked's, for finish_call */
+};
+
+/* A deferred call's missing expert: its reads in flight, one thread waiting and mapping it, or mapped. */
+enum expert_state { EXPERT_READING, EXPERT_SETTLING, EXPERT_SETTLED };
+
 /* Victims chosen but whose pages are not dropped yet (evict_by_policy's `later`). */
 struct victim_list {
     uint32_t *layers, *experts;
@@ -184,6 +200,7 @@ struct guanaco_residency {
     uint64_t prefetch_outstanding; /* bytes of active runs: the policy's reserve */
     uint32_t *prediction_stamp;    /* n_layer * n_expert: the prediction that last named the slot */
     uint32_t *layer_prediction;    /* n_layer: the prediction for the layer's next call, 0 = none */
+    uint32_t *prefetch_wanted;     /* n_expert: prefetch_locked's experts to read (a deferred call holds missing) */
     uint32_t predictions;
     bool told_prompt_room;
 
@@ -206,13 +223,22 @@ struct guanaco_residency {
     int policy_fault;       /* tests only: the next call's policy access fails with it (0 = none) */
     bool stale;             /* a shard changed on disk: every later call fails */
     bool populate_by_touch; /* MADV_POPULATE_READ is missing: touch one byte per page instead */
-    bool overlap_layer;     /* config: a call returns once its reads are issued; the matmuls fault the pages in */
+    bool overlap_layer;     /* config: a call returns once its reads are issued; the matmuls fault the pages in
+                               (PAGE_CACHE) or wait for each expert (DIRECT: struct deferred_call) */
     uint32_t last_layer;    /* the layer of the last call: with overlap_layer, its reads may still be landing */
     bool shared;            /* several contexts compute: an eviction swaps the file in atomically, no spare */
     bool preloading;        /* the preload maps what it reads: nothing computes from it soon, and this VM's
                                DAMON pages out cold unmapped file pages */
     bool no_cachestat;      /* cachestat(2) is missing or failed once: the warm start asks mincore */
     struct guanaco_residency_stats stats;
+
+    /* DIRECT with overlap_layer: one job per missing expert, so that a matmul waits only for its own */
+    struct deferred_call deferred;
+    atomic_bool deferred_active;   /* deferred.active, read without the lock by guanaco_residency_expert_ready */
+    struct guanaco_io_job *expert_jobs; /* n_expert */
+    size_t *expert_first_request;       /* n_expert + 1: missing expert i's requests start there in r->requests */
+    unsigned char *expert_state;        /* n_expert: enum expert_state of missing expert i */
+    pthread_cond_t expert_settled;
 };
 
 static uint64_t page_down(const struct guanaco_residency *r, uint64_t x) {
@@ -315,6 +341,7 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
 static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int demand_huge_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int drop_pending(struct guanaco_residency *r, bool streamed_too);
+static int finish_deferred(struct guanaco_residency *r);
 static void free_spares(struct guanaco_residency *r);
 static void discard_copies(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging);
 
@@ -437,6 +464,11 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     if (!r) {
         return;
     }
+    if (r->deferred.active) { /* no read may land after the copies go */
+        pthread_mutex_lock(&r->lock);
+        (void)finish_deferred(r);
+        pthread_mutex_unlock(&r->lock);
+    }
     for (uint32_t i = 0; r->io && i < r->n_runs; i++) {
         if (r->runs[i].active) {
             (void)guanaco_io_cancel(r->io, &r->runs[i].job); /* no read may land after the buffers go */
@@ -462,9 +494,14 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->demand_huge_lengths);
     free(r->prediction_stamp);
     free(r->layer_prediction);
+    free(r->prefetch_wanted);
     guanaco_io_destroy(r->io);
     guanaco_policy_free(r->policy);
     pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->expert_settled);
+    free(r->expert_jobs);
+    free(r->expert_first_request);
+    free(r->expert_state);
     free(r->tensors);
     free(r->layers);
     free(r->shards);
@@ -673,6 +710,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
         return -ENOMEM;
     }
     pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->expert_settled, NULL);
     r->n_layer = config->n_layer;
     r->n_expert = config->n_expert;
     long page = sysconf(_SC_PAGESIZE);
@@ -689,9 +727,15 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     if (!err) {
         advise_random(r);
     }
-    /* DIRECT places whole copies and an arena needs its transform, so only the page cache's own pages can be
-       faulted in by the matmuls */
-    r->overlap_layer = config->overlap_layer && r->load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
+    /* PAGE_CACHE: the matmuls fault the pages in. DIRECT places whole copies, so the matmuls ask for each
+       expert (guanaco_residency_expert_ready); it never has arenas (choose_load). */
+    r->overlap_layer = config->overlap_layer;
+    if (!err && r->overlap_layer && r->load == GUANACO_RESIDENCY_LOAD_DIRECT) {
+        r->expert_jobs = calloc(r->n_expert, sizeof(*r->expert_jobs));
+        r->expert_first_request = calloc((size_t)r->n_expert + 1, sizeof(*r->expert_first_request));
+        r->expert_state = calloc(r->n_expert, sizeof(*r->expert_state));
+        err = r->expert_jobs && r->expert_first_request && r->expert_state ? 0 : -ENOMEM;
+    }
     err = err ? err : create_policy(r, config);
     err = err ? err : prefetch_create(r, config);
     err = err ? err : stream_create(r, config);
@@ -719,7 +763,8 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
     size_t slots = (size_t)r->n_layer * r->n_expert;
     r->prediction_stamp = calloc(slots, sizeof(*r->prediction_stamp));
     r->layer_prediction = calloc(r->n_layer, sizeof(*r->layer_prediction));
-    if (!r->prediction_stamp || !r->layer_prediction) {
+    r->prefetch_wanted = calloc(r->n_expert, sizeof(*r->prefetch_wanted));
+    if (!r->prediction_stamp || !r->layer_prediction || !r->prefetch_wanted) {
         return -ENOMEM;
     }
     if (config->prefetch_bytes == 0) {
@@ -1153,7 +1198,9 @@ static int drop_unaccounted_locked(struct guanaco_residency *r) {
 
 int guanaco_residency_drop_unaccounted(struct guanaco_residency *r) {
     pthread_mutex_lock(&r->lock);
+    int deferred_error = finish_deferred(r);
     int pending_error = drop_pending(r, true);
+    pending_error = pending_error ? pending_error : deferred_error;
     int err = drop_unaccounted_locked(r);
     pthread_mutex_unlock(&r->lock);
     return err ? err : pending_error;
@@ -1354,6 +1401,9 @@ static long direct_slice_requests(struct guanaco_residency *r, const struct tens
 static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const struct layer *l, size_t n) {
     size_t n_requests = 0;
     for (size_t i = 0; i < n; i++) {
+        if (r->expert_first_request) {
+            r->expert_first_request[i] = n_requests;
+        }
         for (uint32_t k = 0; k < l->n_tensors; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             size_t slot = i * r->max_tensors_in_layer + k;
@@ -1372,13 +1422,17 @@ static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const
             }
         }
     }
+    if (r->expert_first_request) {
+        r->expert_first_request[n] = n_requests;
+    }
     return n_requests;
 }
 
-/* Records each missing expert's first failed request in missing_error; returns the first error of all. */
-static int collect_read_results(struct guanaco_residency *r, uint32_t layer, size_t n_requests) {
+/* Records each missing expert's first failed request among requests [from, to) in missing_error; returns the
+   first error of all. */
+static int collect_read_results(struct guanaco_residency *r, uint32_t layer, size_t from, size_t to) {
     int first_error = 0;
-    for (size_t q = 0; q < n_requests; q++) {
+    for (size_t q = from; q < to; q++) {
         const struct guanaco_io_request *req = &r->requests[q];
         uint32_t i = r->request_missing[q];
         if (req->result == 0) {
@@ -1478,8 +1532,25 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
     }
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
     size_t n_requests = direct ? direct_requests(r, layer, l, n) : page_cache_requests(r, l, n);
+    if (r->expert_jobs) { /* one job per expert, in MUL_MAT_ID's order, each waited for on its own */
+        for (size_t i = 0; i < n; i++) {
+            size_t first = r->expert_first_request[i], count = r->expert_first_request[i + 1] - first;
+            (void)guanaco_io_submit(r->io, &r->expert_jobs[i], r->requests + first, count, 1);
+        }
+        return n_requests;
+    }
     (void)guanaco_io_submit(r->io, job, r->requests, n_requests, 1); /* per-request results below */
     return n_requests;
+}
+
+/* Waits for every read submit_demand started for the n missing experts. */
+static void wait_demand(struct guanaco_residency *r, size_t n, struct guanaco_io_job *job) {
+    for (size_t i = 0; r->expert_jobs && i < n; i++) {
+        (void)guanaco_io_wait(r->io, &r->expert_jobs[i]);
+    }
+    if (!r->expert_jobs) {
+        (void)guanaco_io_wait(r->io, job);
+    }
 }
 
 /*
@@ -1492,12 +1563,12 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
                          struct guanaco_io_job *job, uint64_t read_start) {
     const struct layer *l = &r->layers[layer];
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
-    (void)guanaco_io_wait(r->io, job);
+    wait_demand(r, n, job);
     unmap_demand_huge(r);
     uint64_t read_end = guanaco_now_ns(), transform_before = r->stats.transform_ns;
     r->stats.read_ns += read_end - read_start;
     r->stats.reads_issued += n_requests;
-    int first_error = collect_read_results(r, layer, n_requests);
+    int first_error = collect_read_results(r, layer, 0, n_requests);
     /* A failed expert's other pieces were issued as WILLNEED and may still be reading: their pages stay locked
        until the disk answers, and the drop that follows the failure skips locked pages, which then stay cached
        beyond the budget. Mapping them waits for those reads (its own error does not matter: the drop follows). */
@@ -1781,7 +1852,9 @@ static int direct_run_requests(struct guanaco_residency *r, struct prefetch_run 
 
 static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
                            size_t n_read, uint32_t protect_layer, uint64_t token) {
-    if (layer >= r->n_layer || r->layers[layer].n_tensors == 0 || n == 0 || r->stale) {
+    /* a deferred call's own layer is being read: its next call is this one's end, nothing to guess */
+    if (layer >= r->n_layer || r->layers[layer].n_tensors == 0 || n == 0 || r->stale ||
+        (r->deferred.active && r->deferred.layer == layer)) {
         return 0;
     }
     /* the prediction is scored at the layer's next call, whether or not anything is read */
@@ -1801,7 +1874,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         /* most likely first: what the allowance cuts off is the least likely */
         if (i < n_read && r->prefetch_allowance && !holds(r, layer, experts[i]) &&
             r->prefetch_outstanding + (wanted + 1) * expert_bytes <= r->prefetch_allowance) {
-            r->missing[wanted++] = experts[i]; /* r->missing is free between calls */
+            r->prefetch_wanted[wanted++] = experts[i];
         }
     }
     if (wanted == 0) {
@@ -1831,7 +1904,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     }
     guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding + wanted * expert_bytes);
     /* ascending ids: consecutive experts are consecutive bytes of every tensor, so they share requests */
-    qsort(r->missing, wanted, sizeof(*r->missing), compare_u32);
+    qsort(r->prefetch_wanted, wanted, sizeof(*r->prefetch_wanted), compare_u32);
     const struct layer *l = &r->layers[layer];
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
     const uint32_t run_limit = direct                       ? 1
@@ -1845,8 +1918,8 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         if (!run) {
             break; /* every run is busy: the rest is read on demand */
         }
-        uint32_t first = r->missing[i], count = 1;
-        while (i + count < wanted && count < run_limit && r->missing[i + count] == first + count) {
+        uint32_t first = r->prefetch_wanted[i], count = 1;
+        while (i + count < wanted && count < run_limit && r->prefetch_wanted[i + count] == first + count) {
             count++;
         }
         *run = (struct prefetch_run){.active = true, .layer = layer, .first_expert = first, .n_experts = count,
@@ -1945,6 +2018,125 @@ static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_dis
     return err;
 }
 
+/* ---- a call whose experts arrive while its layer computes (DIRECT with overlap_layer) ---- */
+
+static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token, bool stream,
+                       int first_error, int pending_error, uint64_t transformed_before, uint64_t wasted_before);
+
+/* Whether this call returns with its demand reads in flight. Not with several contexts (one of them could
+   compute the layer before the reads land, without asking), a streamed call, or the preload (nothing asks). */
+static bool defers(const struct guanaco_residency *r, bool stream) {
+    return r->expert_jobs && !r->shared && !stream && !r->preloading;
+}
+
+/*
+ * Makes missing expert i of the deferred call ready: its reads done, its
+ * copies placed (or, when a read failed, left to the file mapping, which the
+ * matmul then faults in through the page cache; the call fails at its end).
+ * Without `wait` it only says whether that is so now, settling it when its
+ * reads have landed. Called with the lock held; the lock is released while
+ * waiting for the disk, so another thread can ask about the other experts.
+ * count_stall: a matmul waits (the thread that waits for the disk counts it).
+ */
+static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool count_stall) {
+    for (;;) {
+        if (r->expert_state[i] == EXPERT_SETTLED) {
+            return true;
+        }
+        if (r->expert_state[i] == EXPERT_SETTLING) {
+            if (!wait) {
+                return false;
+            }
+            pthread_cond_wait(&r->expert_settled, &r->lock);
+            continue;
+        }
+        if (!wait && !guanaco_io_poll(r->io, &r->expert_jobs[i])) {
+            return false;
+        }
+        r->expert_state[i] = EXPERT_SETTLING;
+        pthread_mutex_unlock(&r->lock);
+        uint64_t wait_start = guanaco_now_ns();
+        (void)guanaco_io_wait(r->io, &r->expert_jobs[i]);
+        uint64_t read_end = guanaco_now_ns();
+        pthread_mutex_lock(&r->lock);
+        r->stats.read_ns += read_end - wait_start;
+        uint32_t layer = r->deferred.layer;
+        const struct layer *l = &r->layers[layer];
+        char **staging = r->staging + i * r->max_tensors_in_layer;
+        int err = collect_read_results(r, layer, r->expert_first_request[i], r->expert_first_request[i + 1]);
+        if (!err && !r->missing_error[i]) {
+            r->missing_error[i] = map_expert(r, l, r->missing[i], staging);
+        } else if (!r->missing_error[i]) {
+            r->missing_error[i] = err;
+        }
+        if (r->missing_error[i] == 0) {
+            admit_loaded(r, r->missing[i]);
+        } else {
+            r->stats.load_failures++;
+        }
+        discard_copies(r, l, r->missing[i], staging);
+        r->stats.populate_ns += guanaco_now_ns() - read_end;
+        r->stats.stall_ns += wait && count_stall ? guanaco_now_ns() - wait_start : 0;
+        r->expert_state[i] = EXPERT_SETTLED;
+        pthread_cond_broadcast(&r->expert_settled);
+        return true;
+    }
+}
+
+/* Finishes the deferred call, if any (lock held): waits for what no matmul asked for, then finish_call. */
+static int finish_deferred(struct guanaco_residency *r) {
+    if (!r->deferred.active) {
+        return 0;
+    }
+    struct deferred_call d = r->deferred;
+    int first_error = 0;
+    for (size_t i = 0; i < d.n_missing; i++) {
+        (void)settle_expert(r, i, true, false);
+        first_error = first_error ? first_error : r->missing_error[i];
+    }
+    r->deferred.active = false;
+    atomic_store_explicit(&r->deferred_active, false, memory_order_release);
+    r->stats.reads_issued += d.n_requests;
+    return finish_call(r, d.layer, d.n_distinct, d.token, false, first_error, d.pending_error, d.transformed_before,
+                       d.wasted_before);
+}
+
+bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait) {
+    if (!atomic_load_explicit(&r->deferred_active, memory_order_acquire)) {
+        return true;
+    }
+    pthread_mutex_lock(&r->lock);
+    bool ready = true;
+    const struct layer *l = r->deferred.active ? &r->layers[r->deferred.layer] : NULL;
+    bool ours = false;
+    for (uint32_t k = 0; l && k < l->n_tensors && !ours; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        ours = address_of(t, t->begin) == (const char *)weights;
+    }
+    for (size_t i = 0; ours && i < r->deferred.n_missing; i++) {
+        if (r->missing[i] == expert) {
+            bool settled_before = r->expert_state[i] == EXPERT_SETTLED;
+            ready = settle_expert(r, i, wait, true);
+            r->stats.loads_settled_computing += ready && !settled_before;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    return ready;
+}
+
+int guanaco_residency_finish(struct guanaco_residency *r) {
+    if (!atomic_load_explicit(&r->deferred_active, memory_order_acquire)) {
+        return 0;
+    }
+    uint64_t start = guanaco_now_ns();
+    pthread_mutex_lock(&r->lock);
+    int err = finish_deferred(r);
+    r->stats.stall_ns += guanaco_now_ns() - start;
+    pthread_mutex_unlock(&r->lock);
+    return err;
+}
+
 static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
                           uint64_t token, bool may_stream) {
     if (layer >= r->n_layer || (n_ids > 0 && !ids)) {
@@ -1954,7 +2146,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     if (r->layers[layer].n_tensors == 0) {
         return 0; /* dense: nothing of it is ours */
     }
-    int err = check_files(r);
+    /* the last layer has computed: its call ends first, and its error is this one's */
+    int err = finish_deferred(r);
+    err = err ? err : check_files(r);
     if (err) {
         return err;
     }
@@ -2017,17 +2211,36 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     size_t n_demand = n_missing;
     pending_error = drop_pending(r, true); /* this call's experts are held by now; the last layer has computed */
     (void)claim_prefetch(r, layer, call, &n_missing);
+    if (defers(r, stream) && n_demand && n_missing == n_demand) {
+        r->deferred = (struct deferred_call){.active = true, .layer = layer, .n_missing = n_demand,
+                                             .n_distinct = n_distinct, .n_requests = n_requests, .token = token,
+                                             .pending_error = pending_error, .transformed_before = transformed_before,
+                                             .wasted_before = wasted_before};
+        memset(r->expert_state, EXPERT_READING, n_demand);
+        r->stats.read_ns += guanaco_now_ns() - start; /* issuing; the waits add theirs */
+        atomic_store_explicit(&r->deferred_active, true, memory_order_release);
+        return 0;
+    }
     if (n_demand) {
         first_error = finish_demand(r, layer, n_demand, n_requests, &job, start);
     }
     if (n_missing > n_demand) {
         /* read-ahead that failed: once more, the ordinary way */
         memmove(r->missing, r->missing + n_demand, (n_missing - n_demand) * sizeof(*r->missing));
-        int err = load_experts(r, layer, n_missing - n_demand);
+        err = load_experts(r, layer, n_missing - n_demand);
         first_error = first_error ? first_error : err;
     }
+    return finish_call(r, layer, n_distinct, token, stream, first_error, pending_error, transformed_before,
+                       wasted_before);
+}
 
-    err = tell_policy(r, layer, n_distinct, token, stream);
+/*
+ * The end of a call once its experts are mapped or failed (first_error):
+ * the policy hears of them, what it does not hold is dropped, and it evicts.
+ */
+static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token, bool stream,
+                       int first_error, int pending_error, uint64_t transformed_before, uint64_t wasted_before) {
+    int err = tell_policy(r, layer, n_distinct, token, stream);
     /* What the policy does not hold is no one's: the pages a failed expert left cached or mapped, and,
        when the policy refused the call, everything the call read. */
     for (size_t i = 0; (first_error || err) && i < n_distinct; i++) {
@@ -2158,7 +2371,7 @@ static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t 
 int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_layer, uint64_t *adopted) {
     *adopted = 0;
     pthread_mutex_lock(&r->lock);
-    int err = 0;
+    int err = finish_deferred(r);
     for (uint32_t layer = 0; layer < r->n_layer && !err; layer++) {
         const struct layer *l = &r->layers[layer];
         size_t n = 0;
@@ -2239,6 +2452,7 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
         return -ENOMEM;
     }
     pthread_mutex_lock(&r->lock);
+    (void)finish_deferred(r); /* its error was the caller's to see at the end of its graph */
     /* What the policy let go is not counted as resident; a streamed layer's pages stay, and count, until the
        next call: its compute may still be reading them. */
     (void)drop_pending(r, false);
@@ -2316,6 +2530,7 @@ void guanaco_residency_adopt_by_mincore(struct guanaco_residency *r) {
 
 void guanaco_residency_set_shared(struct guanaco_residency *r, bool shared) {
     pthread_mutex_lock(&r->lock);
+    (void)finish_deferred(r); /* its reads' failures were logged; a new context starts before the next call */
     r->shared = shared;
     pthread_mutex_unlock(&r->lock);
 }

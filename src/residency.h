@@ -144,10 +144,14 @@ struct guanaco_residency_config {
        PAGE_CACHE loading without arenas only; elsewhere ignored. */
     bool stream_prompts;
     bool huge_folios;               /* read 2 MiB-aligned ranges in huge folios where the kernel allows (page cache) */
-    /* PAGE_CACHE, tensors without an arena: a call returns once its reads are issued, without mapping what it
-       read; the matmuls then fault each page in, waiting in the kernel for the reads still in flight, so a
-       layer's resident experts compute while its misses read. The reads go in the order of the layer's tensors
-       (give them in the order they compute) and, within one, by expert number, the order MUL_MAT_ID takes. */
+    /* A layer's resident experts compute while its misses read. PAGE_CACHE, tensors without an arena: a call
+       returns once its reads are issued, without mapping what it read; the matmuls then fault each page in,
+       waiting in the kernel for the reads still in flight. The reads go in the order of the layer's tensors
+       (give them in the order they compute) and, within one, by expert number, the order MUL_MAT_ID takes.
+       DIRECT: a call returns with each missing expert's reads in flight as one job; the matmul asks
+       guanaco_residency_expert_ready for each expert before it computes with it, and the call ends (the
+       policy hears of it and evicts) at the next call or guanaco_residency_finish. Not with several contexts
+       (set_shared), nor for a streamed call or the preload: those wait for their reads as without it. */
     bool overlap_layer;
 };
 
@@ -178,9 +182,11 @@ struct guanaco_residency_stats {
     uint64_t loaded_huge_bytes;     /* demand loads' bytes read through the MADV_HUGEPAGE mapping */
     uint64_t spare_reused_bytes;    /* DIRECT copies read into an evicted copy's pages (spares), not into fresh
                                        ones the kernel allocates and zeroes */
+    uint64_t loads_settled_computing; /* DIRECT with overlap_layer: loads a matmul asked for while its layer
+                                         computed (guanaco_residency_expert_ready), not settled at the call's end */
     enum guanaco_io_backend io_backend;
     enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
-    bool overlap_layer;               /* in force: config.overlap_layer with PAGE_CACHE loading */
+    bool overlap_layer;               /* in force: config.overlap_layer */
 };
 
 struct guanaco_residency;
@@ -231,6 +237,26 @@ int guanaco_residency_preload_layer(struct guanaco_residency *r, uint32_t layer,
  */
 int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
                                size_t n_read, uint32_t protect_layer, uint64_t token);
+
+/*
+ * overlap_layer with DIRECT loading: whether expert `expert` of the tensor
+ * whose expert 0 is mapped at `weights` can be computed with now. Without
+ * `wait` it answers at once (true for anything not being read); with `wait`
+ * it returns true once the expert's reads are done and its copies placed.
+ * A failed read leaves the file's own mapping there, so a matmul that goes on
+ * faults the bytes in through the page cache; the call then fails at its end.
+ * Any thread, any number at once; lock-free when no call is under way.
+ */
+bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait);
+
+/*
+ * Ends a call that returned with its reads in flight (overlap_layer with
+ * DIRECT): waits for them, tells the policy, evicts. Call it once the graph
+ * has computed, so that between graphs only the budget is resident. 0, or the
+ * call's first read, map or drop error (prepare_layer's errors). Any later
+ * entry point ends such a call too.
+ */
+int guanaco_residency_finish(struct guanaco_residency *r);
 
 void guanaco_residency_get_stats(const struct guanaco_residency *r, struct guanaco_residency_stats *out);
 

@@ -38,8 +38,8 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
     # The last field is the read-ahead: every predictor (gate too), and the whole next layer for the 48-token prompt
     # (--ubatch 16 makes three prompt ubatches, so the pilot also guesses for multi-token batches).
     for run in "guanaco io_uring 3M direct pilot" "lru threads 3M page-cache pilot" \
-               "layer-lru io_uring 2M page-cache none" "layer-lru threads 2M direct none" \
-               "lfu threads 4M direct pilot" "guanaco threads 3M page-cache pilot" \
+               "layer-lru io_uring 2M page-cache none" "layer-lru threads 2M direct none+overlap=off" \
+               "lfu threads 4M direct pilot+overlap=off" "guanaco threads 3M page-cache pilot" \
                "layer-lru io_uring 4M page-cache pilot --ubatch 16" "lru io_uring 3M page-cache gate" "guanaco io_uring 3M direct gate" \
                "guanaco threads 2M page-cache gate --ubatch 16" \
                "lru io_uring 3M page-cache throttled-gate --gen-tokens 40" \
@@ -54,7 +54,8 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
         # X+repack=Y: --guanaco-repack Y (the default is auto)
         # X+stream: --guanaco-stream-prompts on (the default), checked to stream; X+nostream: off
         # X+overlap=off: --guanaco-overlap-layer off (the default: every call maps its reads before the layer
-        # computes); the others run with it on, so the logits are checked both ways
+        # computes); the others run with it on, so the logits are checked both ways, for page-cache loading
+        # (the matmuls fault the pages in) and direct loading (MUL_MAT_ID asks for each expert)
         throttle=off predictor=${5%%+*} repack=auto stream=default overlap=on
         [ "${5#*+repack=}" != "$5" ] && repack=${5#*+repack=}
         [ "${5#*+stream}" != "$5" ] && stream=on
@@ -83,11 +84,19 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
             [ "$ref_name" = "${ref_name%promises}" ]
         check "$arch $quant: budget $3, policy $1, io $2, load $4, prefetch $5 ${6:-} ${7:-}== $ref_name" $? \
             "rc=$rc $(grep -E 'guanaco: (error|residency)' "$W/$arch.$name.log" | head -3)"
-        # page-cache loading overlaps each layer's reads with its compute unless told not to
-        if [ "$4" = page-cache ]; then
-            grep -q 'load page-cache (a layer computes while its reads land)' "$W/$arch.$name.log"
+        # each layer's reads overlap its compute unless told not to (experts repacked into arenas never do); with
+        # direct loading the matmuls asked for some of the loads while their layer computed (the rest had landed
+        # when the call ended)
+        if [ "$repack" != on ]; then
+            grep -qE 'load [a-z-]+ \(a layer computes while its reads land\)' "$W/$arch.$name.log"
             [ $? -eq $([ $overlap = on ] && echo 0 || echo 1) ]
-            check "$arch $quant: $name overlaps its layers' reads: $overlap" $? "$(grep -o 'load page-cache[^,]*' "$W/$arch.$name.log" | head -1)"
+            check "$arch $quant: $name overlaps its layers' reads: $overlap" $? "$(grep -o 'load [a-z-]* [^,]*' "$W/$arch.$name.log" | head -1)"
+        fi
+        if [ "$4" = direct ] && grep -q 'load direct (a layer computes' "$W/$arch.$name.log"; then
+            grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -oE '[0-9]+ loads settled while their layer computed' |
+                awk '{ exit !($1 > 0) }'
+            check "$arch $quant: $name settled loads while their layer computed" $? \
+                "$(grep -oE '[0-9]+ loads settled[^,]*' "$W/$arch.$name.log" | tail -1)"
         fi
         # a predictor must really read ahead and use some of it, into the page cache or (direct, gate: its decode
         # guesses are sure enough on these tiny models, where pilot's are not; direct reads no prompt ahead) into copies
