@@ -341,7 +341,7 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
 static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int demand_huge_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int drop_pending(struct guanaco_residency *r, bool streamed_too);
-static int finish_deferred(struct guanaco_residency *r);
+static int finish_deferred(struct guanaco_residency *r, bool evict);
 static void free_spares(struct guanaco_residency *r);
 static void discard_copies(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging);
 
@@ -466,7 +466,7 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     }
     if (r->deferred.active) { /* no read may land after the copies go */
         pthread_mutex_lock(&r->lock);
-        (void)finish_deferred(r);
+        (void)finish_deferred(r, true);
         pthread_mutex_unlock(&r->lock);
     }
     for (uint32_t i = 0; r->io && i < r->n_runs; i++) {
@@ -1198,7 +1198,7 @@ static int drop_unaccounted_locked(struct guanaco_residency *r) {
 
 int guanaco_residency_drop_unaccounted(struct guanaco_residency *r) {
     pthread_mutex_lock(&r->lock);
-    int deferred_error = finish_deferred(r);
+    int deferred_error = finish_deferred(r, true);
     int pending_error = drop_pending(r, true);
     pending_error = pending_error ? pending_error : deferred_error;
     int err = drop_unaccounted_locked(r);
@@ -2021,7 +2021,8 @@ static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_dis
 /* ---- a call whose experts arrive while its layer computes (DIRECT with overlap_layer) ---- */
 
 static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token, bool stream,
-                       int first_error, int pending_error, uint64_t transformed_before, uint64_t wasted_before);
+                       int first_error, int pending_error, uint64_t transformed_before, uint64_t wasted_before,
+                       bool evict);
 
 /* Whether this call returns with its demand reads in flight. Not with several contexts (one of them could
    compute the layer before the reads land, without asking), a streamed call, or the preload (nothing asks). */
@@ -2083,8 +2084,9 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
     }
 }
 
-/* Finishes the deferred call, if any (lock held): waits for what no matmul asked for, then finish_call. */
-static int finish_deferred(struct guanaco_residency *r) {
+/* Finishes the deferred call, if any (lock held): waits for what no matmul asked for, then finish_call, which
+   evicts only with `evict` (else the caller does, protecting its own layer). */
+static int finish_deferred(struct guanaco_residency *r, bool evict) {
     if (!r->deferred.active) {
         return 0;
     }
@@ -2098,7 +2100,7 @@ static int finish_deferred(struct guanaco_residency *r) {
     atomic_store_explicit(&r->deferred_active, false, memory_order_release);
     r->stats.reads_issued += d.n_requests;
     return finish_call(r, d.layer, d.n_distinct, d.token, false, first_error, d.pending_error, d.transformed_before,
-                       d.wasted_before);
+                       d.wasted_before, evict);
 }
 
 bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait) {
@@ -2131,7 +2133,7 @@ int guanaco_residency_finish(struct guanaco_residency *r) {
     }
     uint64_t start = guanaco_now_ns();
     pthread_mutex_lock(&r->lock);
-    int err = finish_deferred(r);
+    int err = finish_deferred(r, true);
     r->stats.stall_ns += guanaco_now_ns() - start;
     pthread_mutex_unlock(&r->lock);
     return err;
@@ -2146,11 +2148,16 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     if (r->layers[layer].n_tensors == 0) {
         return 0; /* dense: nothing of it is ours */
     }
-    /* the last layer has computed: its call ends first, and its error is this one's */
-    int err = finish_deferred(r);
-    err = err ? err : check_files(r);
+    /* The last layer has computed: its call ends first, and its error is this one's. Its victims go once this
+       call's reads are submitted, as a page-cache call's do: dropping a copy (mremap, mmap) takes CPU time the
+       disk need not wait for, and this layer is the one to protect now. */
+    const bool evict_last = r->deferred.active;
+    const uint64_t last_token = r->deferred.token;
+    int deferred_error = finish_deferred(r, false);
+    int err = check_files(r);
     if (err) {
-        return err;
+        int drop_error = evict_last ? evict_by_policy(r, layer, last_token, NULL) : 0;
+        return deferred_error ? deferred_error : err ? err : drop_error;
     }
 
     /* distinct valid ids, in order of first appearance */
@@ -2210,6 +2217,11 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     size_t n_requests = n_missing ? submit_demand(r, layer, n_missing, &job) : 0;
     size_t n_demand = n_missing;
     pending_error = drop_pending(r, true); /* this call's experts are held by now; the last layer has computed */
+    if (evict_last) {
+        int drop_error = evict_by_policy(r, layer, last_token, NULL);
+        pending_error = pending_error ? pending_error : drop_error;
+    }
+    pending_error = deferred_error ? deferred_error : pending_error;
     (void)claim_prefetch(r, layer, call, &n_missing);
     if (defers(r, stream) && n_demand && n_missing == n_demand) {
         r->deferred = (struct deferred_call){.active = true, .layer = layer, .n_missing = n_demand,
@@ -2231,15 +2243,18 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         first_error = first_error ? first_error : err;
     }
     return finish_call(r, layer, n_distinct, token, stream, first_error, pending_error, transformed_before,
-                       wasted_before);
+                       wasted_before, true);
 }
 
 /*
  * The end of a call once its experts are mapped or failed (first_error):
- * the policy hears of them, what it does not hold is dropped, and it evicts.
+ * the policy hears of them, what it does not hold is dropped, and, with
+ * `evict`, it evicts (a deferred call's eviction can wait for the next call's
+ * reads: prepare_locked).
  */
 static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token, bool stream,
-                       int first_error, int pending_error, uint64_t transformed_before, uint64_t wasted_before) {
+                       int first_error, int pending_error, uint64_t transformed_before, uint64_t wasted_before,
+                       bool evict) {
     int err = tell_policy(r, layer, n_distinct, token, stream);
     /* What the policy does not hold is no one's: the pages a failed expert left cached or mapped, and,
        when the policy refused the call, everything the call read. */
@@ -2257,6 +2272,9 @@ static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_dis
     uint64_t resident = guanaco_policy_resident_bytes(r->policy) + r->prefetch_outstanding;
     if (resident > r->stats.peak_resident_bytes) {
         r->stats.peak_resident_bytes = resident;
+    }
+    if (!evict) {
+        return first_error ? first_error : pending_error;
     }
 
     /* The next call drops these while its reads run: dropping took 20-30 ms of a 100-150 ms decode stall when it
@@ -2371,7 +2389,7 @@ static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t 
 int guanaco_residency_adopt_cached(struct guanaco_residency *r, uint32_t per_layer, uint64_t *adopted) {
     *adopted = 0;
     pthread_mutex_lock(&r->lock);
-    int err = finish_deferred(r);
+    int err = finish_deferred(r, true);
     for (uint32_t layer = 0; layer < r->n_layer && !err; layer++) {
         const struct layer *l = &r->layers[layer];
         size_t n = 0;
@@ -2452,7 +2470,7 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
         return -ENOMEM;
     }
     pthread_mutex_lock(&r->lock);
-    (void)finish_deferred(r); /* its error was the caller's to see at the end of its graph */
+    (void)finish_deferred(r, true); /* its error was the caller's to see at the end of its graph */
     /* What the policy let go is not counted as resident; a streamed layer's pages stay, and count, until the
        next call: its compute may still be reading them. */
     (void)drop_pending(r, false);
@@ -2530,7 +2548,7 @@ void guanaco_residency_adopt_by_mincore(struct guanaco_residency *r) {
 
 void guanaco_residency_set_shared(struct guanaco_residency *r, bool shared) {
     pthread_mutex_lock(&r->lock);
-    (void)finish_deferred(r); /* its reads' failures were logged; a new context starts before the next call */
+    (void)finish_deferred(r, true); /* its reads' failures were logged; a new context starts before the next call */
     r->shared = shared;
     pthread_mutex_unlock(&r->lock);
 }

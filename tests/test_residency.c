@@ -414,8 +414,8 @@ static void *matmul_main(void *arg) {
  * expert of each tensor, those ready first, then waiting for the rest, and
  * read its bytes at once. Then the end of the graph ends the call.
  */
-static void compute_direct(const struct model *m, struct guanaco_residency *r, uint32_t layer, const int32_t *ids,
-                           size_t n_ids, int expected_failed) {
+static size_t matmuls(const struct model *m, struct guanaco_residency *r, uint32_t layer, const int32_t *ids,
+                      size_t n_ids) {
     uint32_t needed[N_EXPERT];
     size_t n_needed = distinct_ids(ids, n_ids, needed);
     struct matmul_thread jobs[2];
@@ -427,7 +427,12 @@ static void compute_direct(const struct model *m, struct guanaco_residency *r, u
     for (int i = 0; i < 2; i++) {
         pthread_join(threads[i], NULL);
     }
-    CHECK(jobs[0].wrong_bytes + jobs[1].wrong_bytes == 0);
+    return jobs[0].wrong_bytes + jobs[1].wrong_bytes;
+}
+
+static void compute_direct(const struct model *m, struct guanaco_residency *r, uint32_t layer, const int32_t *ids,
+                           size_t n_ids, int expected_failed) {
+    CHECK(matmuls(m, r, layer, ids, n_ids) == 0);
     int err = guanaco_residency_finish(r);
     CHECK(expected_failed != -1 ? err != 0 : err == 0);
     CHECK(guanaco_residency_finish(r) == 0); /* nothing left to end */
@@ -719,6 +724,58 @@ static void run_stream(const struct model *m, enum guanaco_io_backend io, enum g
  * read-ahead; the guesses that came true are claimed (no demand read for
  * them), the wrong ones are dropped, and every byte is accounted for.
  */
+/*
+ * DIRECT with overlap_layer, as a graph runs: each layer's call returns with
+ * its reads in flight, the matmuls ask for its experts, and the call ends at
+ * the next layer's call, whose reads go first and whose layer the eviction
+ * then protects; only the end of the graph (the token) ends the last one.
+ * The matmuls read the right bytes, and between tokens the accounting is
+ * within the budget.
+ */
+static void test_graph_overlap(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    uint64_t budget = EXPERT_BYTES * 12;
+    struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_GUANACO, io);
+    config.prefetch_bytes = budget / 2;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    size_t wrong = 0;
+    int failures = 0;
+    for (uint32_t token = 0; token < 12; token++) {
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            int32_t ids[N_EXPERT * 2];
+            size_t n = is_moe(m, l) ? draw_ids(ids, 2, 4, true) : 0;
+            failures += guanaco_residency_prepare_layer(r, l, ids, n, token) != 0;
+            if (n && l + 1 < m->n_layer) {
+                uint32_t guess[4];
+                for (int i = 0; i < 4; i++) {
+                    guess[i] = (uint32_t)(next_random() % N_EXPERT); /* the next layer's, mostly wrong */
+                }
+                failures += guanaco_residency_prefetch(r, l + 1, guess, 4, 4, l, token) != 0;
+            }
+            wrong += n ? matmuls(m, r, l, ids, n) : 0;
+        }
+        failures += guanaco_residency_finish(r) != 0;
+        struct guanaco_residency_stats st;
+        guanaco_residency_get_stats(r, &st);
+        CHECK(st.resident_bytes + st.prefetch_outstanding_bytes <= budget);
+    }
+    CHECK(wrong == 0);
+    CHECK(failures == 0);
+    verify(m, r, UINT32_MAX, NULL, 0, budget, 0, -1);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.loads_settled_computing > 0 && st.loads_settled_computing <= st.expert_loads);
+    CHECK(st.accesses == st.hits + st.expert_loads);
+    printf("  %-8s a graph's calls end at the next call: %llu loads, %llu settled while their layer computed\n",
+           guanaco_io_backend_name(io), (unsigned long long)st.expert_loads,
+           (unsigned long long)st.loads_settled_computing);
+    guanaco_residency_destroy(r);
+}
+
 static void run_prefetch_stream(const struct model *m, enum guanaco_io_backend io, enum guanaco_policy_kind policy,
                                 uint64_t budget, uint32_t tokens, uint32_t batch, uint32_t k, uint32_t wrong) {
     drop_whole_file(m);
@@ -1665,6 +1722,7 @@ int main(void) {
         run_prefetch_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 10, 1, 4, 3);
         if (load_mode == GUANACO_RESIDENCY_LOAD_DIRECT) {
             test_faults(&m, io); /* a read that fails while its layer computes fails the call at its end */
+            test_graph_overlap(&m, io);
         }
         overlap_layer = false;
         /* read-ahead, right and wrong, then a prompt-sized batch with a tight budget (DIRECT: into copies) */
