@@ -126,6 +126,8 @@ engine_rates() { # engine_rates BUDGET VARIANT
 # engine_rates' figures; PROMPT_MS the warm compute per prompt token or empty.
 simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_MS
     local b=$1 v=$2 dgbps=$3 pgbps=$4 pms=$5 trace policy predictor=pilot stream=on overlap=off setting key value
+    # the engine's default: direct loading overlaps a layer's reads with its compute, page-cache loading does not
+    [ "$(cut -d: -f3 <<<"${v%%+*}::")" = direct ] && overlap=on
     trace="$OUT/logs/b$b-${v//:/-}-r1.trace"
     [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- -"; return; }
     policy=$(cut -d: -f2 <<<"${v%%+*}:")

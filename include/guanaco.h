@@ -76,7 +76,8 @@ struct guanaco_options {
     bool preload;          /* --guanaco-preload: fill the budget at load */
     bool stream_prompts;   /* --guanaco-stream-prompts: prompts use their reads once, in huge folios */
     bool huge_folios;      /* --guanaco-huge-folios: 2 MiB-aligned ranges read in huge folios (page cache) */
-    bool overlap_layer;    /* --guanaco-overlap-layer: a layer computes once its reads are issued (page cache) */
+    bool overlap_layer;    /* --guanaco-overlap-layer: a layer computes once its reads are issued (default: with
+                              direct loading) */
     int prefetch;          /* --guanaco-prefetch: an enum guanaco_predictor_kind; none = no read-ahead */
     bool prefetch_throttle; /* --guanaco-prefetch-throttle: read ahead only where measured faster */
     double pilot_mass;     /* --guanaco-pilot-mass; 0 = the predictor's default */

@@ -93,10 +93,10 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                             "page-cache loading reads each expert slice's 2 MiB-aligned middle in 2 MiB folios, "
                             "where the kernel allows (default: on)"},
     [OPTION_OVERLAP_LAYER] = {"guanaco-overlap-layer", "GUANACO_OVERLAP_LAYER", OPTION_BOOL, NULL,
-                              "page-cache loading: a layer computes as soon as its missing experts' reads are "
-                              "issued, in the order it computes them, and waits in the kernel for each page as "
-                              "it lands, so the resident experts compute while the disk reads (default: off, "
-                              "measured no faster: the layer waits for all its reads first)"},
+                              "a layer computes as soon as its missing experts' reads are issued, so its resident "
+                              "experts compute while the disk reads: with direct loading the matmul waits for each "
+                              "missing expert as it reaches it, with page-cache loading for each page in the kernel "
+                              "(default: on with direct loading, off with page-cache loading: measured)"},
     [OPTION_PREFETCH] = {"guanaco-prefetch", "GUANACO_PREFETCH", OPTION_CHOICE, prefetch_choices,
                          "read the next layer's experts while the current one computes, as predicted by: pilot "
                          "(cross-layer statistics), gate (the next layer's router on this layer's input; pilot "
@@ -149,7 +149,7 @@ static int default_value(enum option_id id) {
     case OPTION_AUDIT: return 0; /* a diagnostic: its walk costs 5% of a 32-token decode (README) */
     case OPTION_PRELOAD: return 1;
     case OPTION_HUGE_FOLIOS: return 1; /* Mixtral Q4_0 at 25%: see README's --guanaco-huge-folios row */
-    case OPTION_OVERLAP_LAYER: return 0; /* neutral in 9 paired decodes (median 1.03): README's --guanaco-overlap-layer row */
+    case OPTION_OVERLAP_LAYER: return -1; /* follows the load: README's --guanaco-overlap-layer row */
     case OPTION_STREAM_PROMPTS: return 1; /* 1024-token prompts 1.07-1.11x plain at 10-50%, 0.74-0.94x off (README) */
     case OPTION_REPACK: return GUANACO_REPACK_AUTO;
     case OPTION_PREFETCH_THROTTLE: return 1;
@@ -350,6 +350,11 @@ int guanaco_options_get(struct guanaco_options *out) {
         if (rc == 0 && !found && id == OPTION_IO && (rc = read_io_uring_switch(&value[id])) < 0) {
             err = rc;
         }
+    }
+    /* Direct loading overlaps by default: the stall fell by a third there. Page-cache loading does not: its matmuls
+       fault 4 KiB at a time what one populate maps, which ate the gain on 2 cores (README). */
+    if (value[OPTION_OVERLAP_LAYER] < 0) {
+        value[OPTION_OVERLAP_LAYER] = value[OPTION_LOAD] == GUANACO_LOAD_DIRECT;
     }
     snprintf(out->trace_out, sizeof(out->trace_out), "%s", path[OPTION_TRACE_OUT]);
     snprintf(out->trace_replay, sizeof(out->trace_replay), "%s", path[OPTION_TRACE_REPLAY]);
