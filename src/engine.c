@@ -1183,8 +1183,9 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
         log_residency("residency", &st, &engine->after_preload, atomic_load(&engine->tokens_done), tail);
         if (engine->asks_expert_ready) {
             ggml_cpu_set_expert_ready(NULL, NULL);
-            atomic_store(&expert_ready_owner, NULL);
         }
+        struct guanaco_engine *self = engine; /* also when the start failed after claiming it */
+        atomic_compare_exchange_strong(&expert_ready_owner, &self, NULL);
         guanaco_residency_destroy(engine->residency);
     }
     guanaco_expert_repack_destroy(engine->repack);

@@ -332,8 +332,8 @@ int guanaco_hook_take_error(ggml_backend_sched_eval_callback callback, void *use
     struct guanaco_hook *hook = user_data;
     int finish_error = guanaco_engine_finish_graph(hook->engine); /* a call whose reads may still be landing */
     if (finish_error < 0) {
-        guanaco_log_error("an expert of the last layer could not be read while the layer computed (%s): this batch "
-                          "fails", strerror(-finish_error));
+        guanaco_log_error("the last layer's reads or evictions failed while it computed (%s): this batch fails",
+                          strerror(-finish_error));
         fflush(stderr);
     }
     int err = atomic_exchange(&hook->error, 0);

@@ -2037,9 +2037,10 @@ static bool defers(const struct guanaco_residency *r, bool stream) {
  * Without `wait` it only says whether that is so now, settling it when its
  * reads have landed. Called with the lock held; the lock is released while
  * waiting for the disk, so another thread can ask about the other experts.
- * count_stall: a matmul waits (the thread that waits for the disk counts it).
+ * from_matmul: a matmul asks (guanaco_residency_expert_ready); the thread that settles the expert counts it,
+ * and, when it waited, the wait as stall.
  */
-static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool count_stall) {
+static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool from_matmul) {
     for (;;) {
         if (r->expert_state[i] == EXPERT_SETTLED) {
             return true;
@@ -2055,12 +2056,18 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
             return false;
         }
         r->expert_state[i] = EXPERT_SETTLING;
-        pthread_mutex_unlock(&r->lock);
         uint64_t wait_start = guanaco_now_ns();
+        if (wait && r->pending_drops.n && !guanaco_io_poll(r->io, &r->expert_jobs[i])) {
+            /* the disk is not done: the last call's victims go now, CPU work the matmul would otherwise idle for */
+            int drop_error = drop_pending(r, false);
+            r->deferred.pending_error = r->deferred.pending_error ? r->deferred.pending_error : drop_error;
+        }
+        pthread_mutex_unlock(&r->lock);
+        uint64_t io_start = guanaco_now_ns();
         (void)guanaco_io_wait(r->io, &r->expert_jobs[i]);
         uint64_t read_end = guanaco_now_ns();
         pthread_mutex_lock(&r->lock);
-        r->stats.read_ns += read_end - wait_start;
+        r->stats.read_ns += read_end - io_start;
         uint32_t layer = r->deferred.layer;
         const struct layer *l = &r->layers[layer];
         char **staging = r->staging + i * r->max_tensors_in_layer;
@@ -2072,12 +2079,13 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
         }
         if (r->missing_error[i] == 0) {
             admit_loaded(r, r->missing[i]);
+            r->stats.loads_settled_computing += from_matmul;
         } else {
             r->stats.load_failures++;
         }
         discard_copies(r, l, r->missing[i], staging);
         r->stats.populate_ns += guanaco_now_ns() - read_end;
-        r->stats.stall_ns += wait && count_stall ? guanaco_now_ns() - wait_start : 0;
+        r->stats.stall_ns += wait && from_matmul ? guanaco_now_ns() - wait_start : 0;
         r->expert_state[i] = EXPERT_SETTLED;
         pthread_cond_broadcast(&r->expert_settled);
         return true;
@@ -2090,12 +2098,12 @@ static int finish_deferred(struct guanaco_residency *r, bool evict) {
     if (!r->deferred.active) {
         return 0;
     }
-    struct deferred_call d = r->deferred;
     int first_error = 0;
-    for (size_t i = 0; i < d.n_missing; i++) {
+    for (size_t i = 0; i < r->deferred.n_missing; i++) {
         (void)settle_expert(r, i, true, false);
         first_error = first_error ? first_error : r->missing_error[i];
     }
+    struct deferred_call d = r->deferred; /* after the waits: they may have dropped victims (pending_error) */
     r->deferred.active = false;
     atomic_store_explicit(&r->deferred_active, false, memory_order_release);
     r->stats.reads_issued += d.n_requests;
@@ -2107,7 +2115,12 @@ bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *wei
     if (!atomic_load_explicit(&r->deferred_active, memory_order_acquire)) {
         return true;
     }
-    pthread_mutex_lock(&r->lock);
+    if (!wait && pthread_mutex_trylock(&r->lock) != 0) {
+        return false; /* another thread is placing an expert or dropping victims: ask again when it must wait */
+    }
+    if (wait) {
+        pthread_mutex_lock(&r->lock);
+    }
     bool ready = true;
     const struct layer *l = r->deferred.active ? &r->layers[r->deferred.layer] : NULL;
     bool ours = false;
@@ -2117,9 +2130,7 @@ bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *wei
     }
     for (size_t i = 0; ours && i < r->deferred.n_missing; i++) {
         if (r->missing[i] == expert) {
-            bool settled_before = r->expert_state[i] == EXPERT_SETTLED;
             ready = settle_expert(r, i, wait, true);
-            r->stats.loads_settled_computing += ready && !settled_before;
             break;
         }
     }
@@ -2218,7 +2229,8 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     size_t n_demand = n_missing;
     pending_error = drop_pending(r, true); /* this call's experts are held by now; the last layer has computed */
     if (evict_last) {
-        int drop_error = evict_by_policy(r, layer, last_token, NULL);
+        /* a call that defers drops them while its matmuls wait for the disk (settle_expert), else at its end */
+        int drop_error = evict_by_policy(r, layer, last_token, defers(r, stream) ? &r->pending_drops : NULL);
         pending_error = pending_error ? pending_error : drop_error;
     }
     pending_error = deferred_error ? deferred_error : pending_error;
