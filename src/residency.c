@@ -119,8 +119,7 @@ struct prefetch_run {
 /* overlap_layer with DIRECT: a call that returned with its demand reads in flight, one job per missing expert.
    MUL_MAT_ID asks for each expert as it reaches it (guanaco_residency_expert_ready), and whatever comes next
    (the next call, the end of the graph) finishes the call: the policy hears of it, and evicts. */
-struct deferred_call {
-    bool active;
+struct deferred_call { /* in force while guanaco_residency.deferred_active */
     uint32_t layer;
     size_t n_missing, n_distinct, n_requests;
     uint64_t token;
@@ -234,7 +233,7 @@ struct guanaco_residency {
 
     /* DIRECT with overlap_layer: one job per missing expert, so that a matmul waits only for its own */
     struct deferred_call deferred;
-    atomic_bool deferred_active;   /* deferred.active, read without the lock by guanaco_residency_expert_ready */
+    atomic_bool deferred_active;   /* a deferred call is under way; read without the lock by expert_ready */
     struct guanaco_io_job *expert_jobs; /* n_expert */
     size_t *expert_first_request;       /* n_expert + 1: missing expert i's requests start there in r->requests */
     unsigned char *expert_state;        /* n_expert: enum expert_state of missing expert i */
@@ -464,7 +463,7 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     if (!r) {
         return;
     }
-    if (r->deferred.active) { /* no read may land after the copies go */
+    if (atomic_load(&r->deferred_active)) { /* no read may land after the copies go */
         pthread_mutex_lock(&r->lock);
         (void)finish_deferred(r, true);
         pthread_mutex_unlock(&r->lock);
@@ -1854,7 +1853,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
                            size_t n_read, uint32_t protect_layer, uint64_t token) {
     /* a deferred call's own layer is being read: its next call is this one's end, nothing to guess */
     if (layer >= r->n_layer || r->layers[layer].n_tensors == 0 || n == 0 || r->stale ||
-        (r->deferred.active && r->deferred.layer == layer)) {
+        (atomic_load(&r->deferred_active) && r->deferred.layer == layer)) {
         return 0;
     }
     /* the prediction is scored at the layer's next call, whether or not anything is read */
@@ -2095,7 +2094,7 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
 /* Finishes the deferred call, if any (lock held): waits for what no matmul asked for, then finish_call, which
    evicts only with `evict` (else the caller does, protecting its own layer). */
 static int finish_deferred(struct guanaco_residency *r, bool evict) {
-    if (!r->deferred.active) {
+    if (!atomic_load(&r->deferred_active)) {
         return 0;
     }
     int first_error = 0;
@@ -2104,7 +2103,6 @@ static int finish_deferred(struct guanaco_residency *r, bool evict) {
         first_error = first_error ? first_error : r->missing_error[i];
     }
     struct deferred_call d = r->deferred; /* after the waits: they may have dropped victims (pending_error) */
-    r->deferred.active = false;
     atomic_store_explicit(&r->deferred_active, false, memory_order_release);
     r->stats.reads_issued += d.n_requests;
     return finish_call(r, d.layer, d.n_distinct, d.token, false, first_error, d.pending_error, d.transformed_before,
@@ -2122,7 +2120,7 @@ bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *wei
         pthread_mutex_lock(&r->lock);
     }
     bool ready = true;
-    const struct layer *l = r->deferred.active ? &r->layers[r->deferred.layer] : NULL;
+    const struct layer *l = atomic_load(&r->deferred_active) ? &r->layers[r->deferred.layer] : NULL;
     bool ours = false;
     for (uint32_t k = 0; l && k < l->n_tensors && !ours; k++) {
         const struct tensor *t = &r->tensors[l->first_tensor + k];
@@ -2162,7 +2160,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     /* The last layer has computed: its call ends first, and its error is this one's. Its victims go once this
        call's reads are submitted, as a page-cache call's do: dropping a copy (mremap, mmap) takes CPU time the
        disk need not wait for, and this layer is the one to protect now. */
-    const bool evict_last = r->deferred.active;
+    const bool evict_last = atomic_load(&r->deferred_active);
     const uint64_t last_token = r->deferred.token;
     int deferred_error = finish_deferred(r, false);
     int err = check_files(r);
@@ -2236,7 +2234,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     pending_error = deferred_error ? deferred_error : pending_error;
     (void)claim_prefetch(r, layer, call, &n_missing);
     if (defers(r, stream) && n_demand && n_missing == n_demand) {
-        r->deferred = (struct deferred_call){.active = true, .layer = layer, .n_missing = n_demand,
+        r->deferred = (struct deferred_call){.layer = layer, .n_missing = n_demand,
                                              .n_distinct = n_distinct, .n_requests = n_requests, .token = token,
                                              .pending_error = pending_error, .transformed_before = transformed_before,
                                              .wasted_before = wasted_before};
