@@ -163,6 +163,7 @@ struct guanaco_residency {
     uint64_t *read_call;      /* n_expert: the call that read and mapped the expert, until the policy hears of it */
     uint64_t *demand_call;    /* n_expert: the call whose demand reads of the expert are submitted */
     uint64_t *seen_call;      /* n_expert: the call that last saw the id, for distinct ids */
+    uint64_t *hit_call;       /* n_expert: the call that found the expert resident */
     uint32_t *distinct;       /* n_expert */
     uint32_t *missing;        /* n_expert */
     int *missing_error;       /* n_expert: the first error of each missing expert, 0 when loaded */
@@ -328,12 +329,19 @@ static bool read_by_call(const struct guanaco_residency *r, uint32_t layer, uint
     return layer == r->read_layer && r->read_call[e] == r->call;
 }
 
+/* Whether the call under way names the expert (a hit, or a read in flight). A deferred call's policy hears of it
+   only at its end, so until then an eviction protecting its layer can still name its hits: their pages stay,
+   since a matmul may be reading them, and the policy takes them back when it hears of the call (tell_policy). */
+static bool used_by_call(const struct guanaco_residency *r, uint32_t layer, uint32_t e) {
+    return layer == r->read_layer && r->seen_call[e] == r->call;
+}
+
 /* Whether the expert's pages are wanted: resident (the policy's answer), read (or being read) by the call under
    way, or being read ahead. */
 static bool holds(const struct guanaco_residency *r, uint32_t layer, uint32_t e) {
     size_t slot = (size_t)layer * r->n_expert + e;
     return guanaco_policy_is_resident(r->policy, layer, e) || read_by_call(r, layer, e) ||
-           (layer == r->read_layer && r->demand_call[e] == r->call) || (r->run_of_slot && r->run_of_slot[slot]);
+           used_by_call(r, layer, e) || (r->run_of_slot && r->run_of_slot[slot]);
 }
 
 static int prefetch_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
@@ -514,6 +522,7 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->edge_scratch);
     free(r->transform_source);
     free(r->seen_call);
+    free(r->hit_call);
     free(r->distinct);
     free(r->missing);
     free(r->missing_error);
@@ -558,6 +567,7 @@ static int allocate_tables(struct guanaco_residency *r, const struct guanaco_res
     r->demand_call = calloc(r->n_expert, sizeof(*r->demand_call));
     r->evicted_at = calloc(slots, sizeof(*r->evicted_at));
     r->seen_call = calloc(r->n_expert, sizeof(*r->seen_call));
+    r->hit_call = calloc(r->n_expert, sizeof(*r->hit_call));
     r->distinct = calloc(r->n_expert, sizeof(*r->distinct));
     r->missing = calloc(r->n_expert, sizeof(*r->missing));
     r->missing_error = calloc(r->n_expert, sizeof(*r->missing_error));
@@ -565,7 +575,8 @@ static int allocate_tables(struct guanaco_residency *r, const struct guanaco_res
     r->policy_missing = calloc(r->n_expert, sizeof(*r->policy_missing));
     r->audit_vector = malloc(AUDIT_PAGES);
     bool ok = r->tensors && r->layers && r->shards && r->read_call && r->demand_call && r->evicted_at &&
-              r->seen_call && r->distinct && r->missing && r->missing_error && r->accessed && r->policy_missing &&
+              r->seen_call && r->hit_call &&
+              r->distinct && r->missing && r->missing_error && r->accessed && r->policy_missing &&
               r->audit_vector;
     return ok ? 0 : -ENOMEM;
 }
@@ -1980,8 +1991,10 @@ static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_dis
     size_t n_accessed = 0;
     for (size_t i = 0; i < n_distinct; i++) {
         uint32_t e = r->distinct[i];
-        /* a streamed call's reads are used once: the policy hears of its hits only */
-        if (guanaco_policy_is_resident(r->policy, layer, e) || (!stream && read_by_call(r, layer, e))) {
+        /* a streamed call's reads are used once: the policy hears of its hits only. A hit that an eviction named
+           while the call was deferred kept its pages (used_by_call): the policy takes it back here. */
+        if (guanaco_policy_is_resident(r->policy, layer, e) || (!stream && read_by_call(r, layer, e)) ||
+            (layer == r->read_layer && r->hit_call[e] == r->call)) {
             r->accessed[n_accessed++] = e;
         }
     }
@@ -2201,6 +2214,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     for (size_t i = 0; i < n_distinct; i++) {
         size_t slot = (size_t)layer * r->n_expert + r->distinct[i];
         if (guanaco_policy_is_resident(r->policy, layer, r->distinct[i])) {
+            r->hit_call[r->distinct[i]] = call;
             r->stats.hits++;
             r->stats.pinned_hits += guanaco_policy_is_pinned(r->policy, layer, r->distinct[i]);
         } else if (!r->run_of_slot || !r->run_of_slot[slot]) {

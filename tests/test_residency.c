@@ -776,6 +776,43 @@ static void test_graph_overlap(const struct model *m, enum guanaco_io_backend io
     guanaco_residency_destroy(r);
 }
 
+/*
+ * DIRECT with overlap_layer: a call's policy hears of it only at its end, so an eviction before then (here the
+ * read-ahead's room, protecting the call's layer) can name the call's own hits, which the policy last saw unneeded.
+ * A matmul may be reading them, and a matmul waiting for the disk drops victims: their pages must stay, and the
+ * call's end takes them back. Before, a hit was dropped under a matmul reading it, which faulted (a SIGSEGV in
+ * the gap of the drop's mremap and mmap, seen once under ASan).
+ */
+static void test_deferred_hits_stay(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    uint64_t budget = EXPERT_BYTES * 4;
+    struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
+    config.prefetch_bytes = EXPERT_BYTES;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    int32_t older[] = {2, 3}, newer[] = {0, 1}, now[] = {2, 3, 4};
+    CHECK(prepare(m, r, 0, older, 2, 0) == 0);
+    verify(m, r, 0, older, 2, budget, 0, -1);
+    CHECK(prepare(m, r, 0, newer, 2, 1) == 0);
+    verify(m, r, 0, newer, 2, budget, 0, -1);
+    CHECK(prepare(m, r, 0, now, 3, 2) == 0); /* 2 and 3 hit, 4 is read while the matmuls run */
+    uint32_t guess[] = {6};
+    CHECK(guanaco_residency_prefetch(r, 1, guess, 1, 1, 0, 2) == 0); /* room for it: lru's tail is expert 2 */
+    CHECK(matmuls(m, r, 0, now, 3) == 0); /* the right bytes, while a matmul waiting for 4 drops the victims */
+    CHECK(guanaco_residency_finish(r) == 0);
+    for (int i = 0; i < 3; i++) {
+        CHECK(guanaco_residency_is_resident(r, 0, (uint32_t)now[i]));
+    }
+    int32_t guessed[] = {6}; /* claims the guess: no read of it is in flight during the page checks */
+    CHECK(prepare(m, r, 1, guessed, 1, 3) == 0);
+    verify(m, r, 1, guessed, 1, budget, 0, -1);
+    verify(m, r, UINT32_MAX, NULL, 0, budget, 0, -1);
+    guanaco_residency_destroy(r);
+}
+
 static void run_prefetch_stream(const struct model *m, enum guanaco_io_backend io, enum guanaco_policy_kind policy,
                                 uint64_t budget, uint32_t tokens, uint32_t batch, uint32_t k, uint32_t wrong) {
     drop_whole_file(m);
@@ -1723,6 +1760,7 @@ int main(void) {
         if (load_mode == GUANACO_RESIDENCY_LOAD_DIRECT) {
             test_faults(&m, io); /* a read that fails while its layer computes fails the call at its end */
             test_graph_overlap(&m, io);
+            test_deferred_hits_stay(&m, io);
         }
         overlap_layer = false;
         /* read-ahead, right and wrong, then a prompt-sized batch with a tight budget (DIRECT: into copies) */
