@@ -161,7 +161,6 @@ struct guanaco_residency {
     uint64_t call;
     uint32_t read_layer;      /* the layer of the call under way while read_call counts; UINT32_MAX otherwise */
     uint64_t *read_call;      /* n_expert: the call that read and mapped the expert, until the policy hears of it */
-    uint64_t *demand_call;    /* n_expert: the call whose demand reads of the expert are submitted */
     uint64_t *seen_call;      /* n_expert: the call that last saw the id, for distinct ids */
     uint64_t *hit_call;       /* n_expert: the call that found the expert resident */
     uint32_t *distinct;       /* n_expert */
@@ -513,7 +512,6 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->layers);
     free(r->shards);
     free(r->read_call);
-    free(r->demand_call);
     free(r->pending_drops.layers);
     free(r->pending_drops.experts);
     free(r->evicted_at);
@@ -564,7 +562,6 @@ static int allocate_tables(struct guanaco_residency *r, const struct guanaco_res
     r->layers = calloc(r->n_layer, sizeof(*r->layers));
     r->shards = calloc(n_tensors ? n_tensors : 1, sizeof(*r->shards));
     r->read_call = calloc(r->n_expert, sizeof(*r->read_call));
-    r->demand_call = calloc(r->n_expert, sizeof(*r->demand_call));
     r->evicted_at = calloc(slots, sizeof(*r->evicted_at));
     r->seen_call = calloc(r->n_expert, sizeof(*r->seen_call));
     r->hit_call = calloc(r->n_expert, sizeof(*r->hit_call));
@@ -574,9 +571,8 @@ static int allocate_tables(struct guanaco_residency *r, const struct guanaco_res
     r->accessed = calloc(r->n_expert, sizeof(*r->accessed));
     r->policy_missing = calloc(r->n_expert, sizeof(*r->policy_missing));
     r->audit_vector = malloc(AUDIT_PAGES);
-    bool ok = r->tensors && r->layers && r->shards && r->read_call && r->demand_call && r->evicted_at &&
-              r->seen_call && r->hit_call &&
-              r->distinct && r->missing && r->missing_error && r->accessed && r->policy_missing &&
+    bool ok = r->tensors && r->layers && r->shards && r->read_call && r->evicted_at && r->seen_call &&
+              r->hit_call && r->distinct && r->missing && r->missing_error && r->accessed && r->policy_missing &&
               r->audit_vector;
     return ok ? 0 : -ENOMEM;
 }
@@ -1538,7 +1534,6 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
     const struct layer *l = &r->layers[layer];
     for (size_t i = 0; i < n; i++) {
         r->missing_error[i] = 0;
-        r->demand_call[r->missing[i]] = r->call;
     }
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
     size_t n_requests = direct ? direct_requests(r, layer, l, n) : page_cache_requests(r, l, n);
