@@ -474,9 +474,9 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
         }
         size_t n = 0, n_read = 0;
         if (guanaco_read_ahead_is_prompt(distinct, n_expert)) {
-            /* a prompt: the next layer will need nearly all its experts too, read in file order. Only where the
-               layer streams (page-cache loading): DIRECT's copies would enter the resident set, and the room they
-               need, up to half the budget, would evict what decoding keeps (256-token prompts at 25%, replayed
+            /* a prompt: the next layer will need nearly all its experts too, read in file order. Not with
+               DIRECT loading that does not stream prompts: its copies would enter the resident set, and the room
+               they need, up to half the budget, would evict what decoding keeps (256-token prompts at 25%, replayed
                routing: 32.9% of the run's accesses hit against 36.9% without, decode 2.8-3.2 against 3.4-3.6
                tok/s; bench/PIPELINE.md) */
             for (uint32_t e = 0; engine->prompt_read_ahead && e < n_expert; e++) {
@@ -695,7 +695,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     } else if (atomic_load(&expert_ready_owner) == engine) {
         atomic_store(&expert_ready_owner, NULL); /* direct loading fell back to the page cache */
     }
-    engine->prompt_read_ahead = started.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
+    engine->prompt_read_ahead = started.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE || started.stream_prompts;
     char prefetch[128] = "none";
     if (engine->predictor) {
         snprintf(prefetch, sizeof(prefetch), "%s, up to %.2f GiB ahead", guanaco_predictor_kind_name(o->prefetch),

@@ -114,6 +114,7 @@ struct prefetch_run {
        per tensor the copy of its whole pages, and two EDGE_SLOT_PAGES slots for its partial edge pages. */
     char **staging;          /* max_tensors_in_layer */
     char *edges;             /* max_tensors_in_layer * 2 * EDGE_SLOT_PAGES pages */
+    bool copies;             /* read into staging; else into the page cache (PAGE_CACHE, or a streamed layer's) */
 };
 
 /* overlap_layer with DIRECT: a call that returned with its demand reads in flight, one job per missing expert.
@@ -754,6 +755,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->stats.io_backend = r->io_backend;
     r->stats.load = r->load;
     r->stats.overlap_layer = r->overlap_layer;
+    r->stats.stream_prompts = r->stream;
     *out = r;
     return 0;
 }
@@ -780,7 +782,7 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
     /* A run's requests: each tensor's span of the run in GUANACO_IO_ADVISE_BYTES pieces (see settle_issued), or
        DIRECT's one expert as direct_slice_requests cuts it. */
     r->max_run_requests = direct ? r->max_expert_requests : 0;
-    for (uint32_t l = 0; l < r->n_layer && !direct; l++) {
+    for (uint32_t l = 0; l < r->n_layer && (!direct || config->stream_prompts); l++) {
         const struct layer *layer = &r->layers[l];
         uint32_t run_experts = prefetch_run_experts(r, l);
         size_t requests = 0;
@@ -840,7 +842,7 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
  * budget, in folios that a resident neighbour then keeps.
  */
 static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
-    if (!config->stream_prompts || r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE || r->transform_source) {
+    if (!config->stream_prompts || r->transform_source) {
         return 0;
     }
     r->stream_ahead = calloc(r->n_layer, sizeof(*r->stream_ahead));
@@ -865,7 +867,7 @@ static int stream_create(struct guanaco_residency *r, const struct guanaco_resid
  * neighbour can keep a folio alive, and dropping the expert drops its folios.
  */
 static int demand_huge_create(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
-    if (r->load != GUANACO_RESIDENCY_LOAD_PAGE_CACHE || !huge_mappings_work(r, config)) {
+    if (!huge_mappings_work(r, config)) {
         return 0;
     }
     size_t n = (size_t)r->n_expert * r->max_tensors_in_layer;
@@ -1320,7 +1322,7 @@ static int place_slice(struct guanaco_residency *r, const struct tensor *t, uint
     if (t->arena) {
         return transform_slice(r, t, e);
     }
-    return r->overlap_layer && !r->preloading ? 0 : map_slice(r, t, e);
+    return r->overlap_layer && r->load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE && !r->preloading ? 0 : map_slice(r, t, e);
 }
 
 /* File bytes [a, b) of t in pieces of `piece`: WILLNEED, or populate through `huge`, where byte a is mapped. */
@@ -1476,13 +1478,14 @@ static int move_into_place(struct guanaco_residency *r, const struct tensor *t, 
     return 0;
 }
 
-/* Maps expert e's slices (moving DIRECT's copies, staging[tensor], in first); 0 or the first error. */
+/* Maps expert e's slices, moving the copies read into staging[tensor] in first where staging is not NULL; 0 or
+   the first error. */
 static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging) {
     for (uint32_t k = 0; k < l->n_tensors; k++) {
         const struct tensor *t = &r->tensors[l->first_tensor + k];
         uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
         int err = 0;
-        if (r->load == GUANACO_RESIDENCY_LOAD_DIRECT) {
+        if (staging) {
             if ((err = move_into_place(r, t, a, &staging[k])) != 0) {
                 return err;
             }
@@ -1529,15 +1532,16 @@ static void admit_loaded(struct guanaco_residency *r, uint32_t e) {
     r->read_call[e] = r->call;
 }
 
-/* Starts the reads of the n missing experts of `layer` in one urgent job; returns the request count. */
-static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t n, struct guanaco_io_job *job) {
+/* Starts the reads of the n missing experts of `layer` in one urgent job, into copies where `direct`, else into
+   the page cache; returns the request count. */
+static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t n, bool direct,
+                            struct guanaco_io_job *job) {
     const struct layer *l = &r->layers[layer];
     for (size_t i = 0; i < n; i++) {
         r->missing_error[i] = 0;
     }
-    const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
     size_t n_requests = direct ? direct_requests(r, layer, l, n) : page_cache_requests(r, l, n);
-    if (r->expert_jobs) { /* one job per expert, in MUL_MAT_ID's order, each waited for on its own */
+    if (r->expert_jobs && direct) { /* one job per expert, in MUL_MAT_ID's order, each waited for on its own */
         for (size_t i = 0; i < n; i++) {
             size_t first = r->expert_first_request[i], count = r->expert_first_request[i + 1] - first;
             (void)guanaco_io_submit(r->io, &r->expert_jobs[i], r->requests + first, count, 1);
@@ -1549,11 +1553,12 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
 }
 
 /* Waits for every read submit_demand started for the n missing experts. */
-static void wait_demand(struct guanaco_residency *r, size_t n, struct guanaco_io_job *job) {
-    for (size_t i = 0; r->expert_jobs && i < n; i++) {
+static void wait_demand(struct guanaco_residency *r, size_t n, bool direct, struct guanaco_io_job *job) {
+    const bool per_expert = r->expert_jobs && direct;
+    for (size_t i = 0; per_expert && i < n; i++) {
         (void)guanaco_io_wait(r->io, &r->expert_jobs[i]);
     }
-    if (!r->expert_jobs) {
+    if (!per_expert) {
         (void)guanaco_io_wait(r->io, job);
     }
 }
@@ -1564,11 +1569,10 @@ static void wait_demand(struct guanaco_residency *r, size_t n, struct guanaco_io
  * failure. A failed expert's DIRECT copies are freed unseen: nothing
  * partial is ever placed in the mapping. Returns the first error.
  */
-static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, size_t n_requests,
+static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, size_t n_requests, bool direct,
                          struct guanaco_io_job *job, uint64_t read_start) {
     const struct layer *l = &r->layers[layer];
-    const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
-    wait_demand(r, n, job);
+    wait_demand(r, n, direct, job);
     unmap_demand_huge(r);
     uint64_t read_end = guanaco_now_ns(), transform_before = r->stats.transform_ns;
     r->stats.read_ns += read_end - read_start;
@@ -1613,12 +1617,12 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
     return first_error;
 }
 
-/* Reads and maps the n missing experts of `layer` (r->missing) and waits for them. */
-static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n) {
+/* Reads and maps the n missing experts of `layer` (r->missing), into copies where `direct`, and waits for them. */
+static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, bool direct) {
     struct guanaco_io_job job;
     uint64_t start = guanaco_now_ns();
-    size_t n_requests = submit_demand(r, layer, n, &job);
-    return finish_demand(r, layer, n, n_requests, &job, start);
+    size_t n_requests = submit_demand(r, layer, n, direct, &job);
+    return finish_demand(r, layer, n, n_requests, direct, &job, start);
 }
 
 /* ---- read-ahead ---- */
@@ -1671,9 +1675,13 @@ static void release_run(struct guanaco_residency *r, struct prefetch_run *run) {
  * others are waited for, and each needed expert in them is mapped and
  * admitted like a load. Experts read for nothing are dropped again. A needed
  * expert whose read-ahead failed goes to r->missing[*n_missing...] so the
- * demand path reads it again. Returns the number of experts admitted.
+ * demand path reads it again; so does one read into copies when the call
+ * streams (a decode's guess before a prompt's ubatch): a streamed call's
+ * experts must stay the file's pages, which its end drops as pages.
+ * Returns the number of experts admitted.
  */
-static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64_t call, size_t *n_missing) {
+static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64_t call, bool stream,
+                             size_t *n_missing) {
     size_t admitted = 0;
     const struct layer *l = &r->layers[layer];
     for (uint32_t i = 0; i < r->n_runs; i++) {
@@ -1689,7 +1697,7 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
             r->stats.prefetch_wasted_bytes += guanaco_io_cancel(r->io, &run->job);
             r->stats.prefetch_wasted_experts += run->n_experts;
             release_run(r, run);
-            if (run->staging) {
+            if (run->copies) {
                 discard_direct_run(r, run);
                 continue;
             }
@@ -1714,8 +1722,13 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
                 continue;
             }
             /* the page cache's reads were issued at once; whether the disk had answered shows in the page cache */
-            bool hidden = run->staging ? landed : expert_cached(r, layer, e, false);
-            if (err == 0 && (run->staging ? map_expert(r, l, e, run->staging) : populate_slices(r, l, e, true)) == 0) {
+            bool hidden = run->copies ? landed : expert_cached(r, layer, e, false);
+            if (run->copies && stream) {
+                r->stats.prefetch_wasted_bytes += per_expert;
+                r->stats.prefetch_wasted_experts++;
+                r->missing[(*n_missing)++] = e;
+            } else if (err == 0 &&
+                       (run->copies ? map_expert(r, l, e, run->staging) : populate_slices(r, l, e, true)) == 0) {
                 admit_loaded(r, e);
                 r->stats.prefetch_used_bytes += per_expert;
                 r->stats.prefetch_used_experts++;
@@ -1725,8 +1738,8 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
                 r->missing[(*n_missing)++] = e; /* read it the ordinary way */
             }
         }
-        if (run->staging) {
-            discard_copies(r, l, run->first_expert, run->staging); /* what a failure left unplaced */
+        if (run->copies) {
+            discard_copies(r, l, run->first_expert, run->staging); /* what a failure or a streamed call left unplaced */
         }
     }
     return admitted;
@@ -1865,7 +1878,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     /* the prediction is scored at the layer's next call, whether or not anything is read */
     uint32_t stamp = ++r->predictions ? r->predictions : ++r->predictions;
     r->layer_prediction[layer] = stamp;
-    size_t wanted = 0;
+    size_t wanted = 0, named = 0;
     const uint64_t expert_bytes = r->layers[layer].expert_bytes;
     for (size_t i = 0; i < n; i++) {
         if (experts[i] >= r->n_expert) {
@@ -1876,6 +1889,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
             continue; /* named twice */
         }
         r->prediction_stamp[slot] = stamp;
+        named++;
         /* most likely first: what the allowance cuts off is the least likely */
         if (i < n_read && r->prefetch_allowance && !holds(r, layer, experts[i]) &&
             r->prefetch_outstanding + (wanted + 1) * expert_bytes <= r->prefetch_allowance) {
@@ -1885,8 +1899,12 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     if (wanted == 0) {
         return 0;
     }
-    /* A prompt's layer streams (stream_prompts): its call uses these reads once, and they come in huge folios. */
-    const bool streamed = r->stream && guanaco_streams_layer(wanted, r->n_expert);
+    /* A prompt's layer streams (stream_prompts): its call uses these reads once, and they come in huge folios.
+       DIRECT goes by what the guess names, held or not, as the call will: a prompt's call streams, and copies
+       read ahead for it would be read again through the page cache (claim_prefetch). */
+    const bool streamed = r->stream && (guanaco_streams_layer(wanted, r->n_expert) ||
+                                        (r->load == GUANACO_RESIDENCY_LOAD_DIRECT &&
+                                         guanaco_streams_layer(named, r->n_expert)));
     if (streamed) {
         r->stream_ahead[layer] = true;
     }
@@ -1911,8 +1929,10 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     /* ascending ids: consecutive experts are consecutive bytes of every tensor, so they share requests */
     qsort(r->prefetch_wanted, wanted, sizeof(*r->prefetch_wanted), compare_u32);
     const struct layer *l = &r->layers[layer];
-    const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT;
-    const uint32_t run_limit = direct                       ? 1
+    /* DIRECT reads decode's guesses into copies; a streamed layer's runs go to the page cache as they would
+       without it, since its call drops them as pages */
+    const bool copies = r->load == GUANACO_RESIDENCY_LOAD_DIRECT && !streamed;
+    const uint32_t run_limit = copies                       ? 1
                                : streamed && r->stream_huge ? stream_run_experts(r, layer)
                                                             : prefetch_run_experts(r, layer);
     for (size_t i = 0; i < wanted;) {
@@ -1930,12 +1950,13 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         *run = (struct prefetch_run){.active = true, .layer = layer, .first_expert = first, .n_experts = count,
                                      .bytes = (uint64_t)count * expert_bytes, .requests = run->requests,
                                      .addresses = run->addresses, .huge_maps = run->huge_maps,
-                                     .huge_lengths = run->huge_lengths, .staging = run->staging, .edges = run->edges};
-        if (direct && direct_run_requests(r, run) != 0) {
+                                     .huge_lengths = run->huge_lengths, .staging = run->staging, .edges = run->edges,
+                                     .copies = copies};
+        if (copies && direct_run_requests(r, run) != 0) {
             run->active = false;
             break; /* no memory for the copies: the rest is read on demand */
         }
-        for (uint32_t k = 0; k < l->n_tensors && !direct; k++) {
+        for (uint32_t k = 0; k < l->n_tensors && !copies; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)first * t->stride, b = a + (uint64_t)count * t->stride;
             /* a streamed run's whole 2 MiB pieces go through a huge mapping */
@@ -2232,7 +2253,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     if (r->overlap_layer) {
         qsort(r->missing, n_missing, sizeof(*r->missing), compare_u32); /* MUL_MAT_ID's order */
     }
-    size_t n_requests = n_missing ? submit_demand(r, layer, n_missing, &job) : 0;
+    /* DIRECT's copies enter the resident set; a streamed call's reads are the file's pages, dropped after it */
+    const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT && !stream;
+    size_t n_requests = n_missing ? submit_demand(r, layer, n_missing, direct, &job) : 0;
     size_t n_demand = n_missing;
     pending_error = drop_pending(r, true); /* this call's experts are held by now; the last layer has computed */
     if (evict_last) {
@@ -2241,7 +2264,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         pending_error = pending_error ? pending_error : drop_error;
     }
     pending_error = deferred_error ? deferred_error : pending_error;
-    (void)claim_prefetch(r, layer, call, &n_missing);
+    (void)claim_prefetch(r, layer, call, stream, &n_missing);
     if (defers(r, stream) && n_demand && n_missing == n_demand) {
         r->deferred = (struct deferred_call){.layer = layer, .n_missing = n_demand,
                                              .n_distinct = n_distinct, .n_requests = n_requests, .token = token,
@@ -2253,12 +2276,12 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         return 0;
     }
     if (n_demand) {
-        first_error = finish_demand(r, layer, n_demand, n_requests, &job, start);
+        first_error = finish_demand(r, layer, n_demand, n_requests, direct, &job, start);
     }
     if (n_missing > n_demand) {
         /* read-ahead that failed: once more, the ordinary way */
         memmove(r->missing, r->missing + n_demand, (n_missing - n_demand) * sizeof(*r->missing));
-        err = load_experts(r, layer, n_missing - n_demand);
+        err = load_experts(r, layer, n_missing - n_demand, direct);
         first_error = first_error ? first_error : err;
     }
     return finish_call(r, layer, n_distinct, token, stream, first_error, pending_error, transformed_before,

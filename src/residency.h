@@ -140,8 +140,9 @@ struct guanaco_residency_config {
     /* A call that needs at least half of its layer (a prompt's ubatch) streams the layer: what it reads is
        used by that call and dropped after it, never kept, so the resident set stays what decoding chose.
        Read-ahead for such a call reads each run's 2 MiB-aligned middle through a mapping of just that range,
-       advised MADV_HUGEPAGE and unmapped once read, in 2 MiB folios.
-       PAGE_CACHE loading without arenas only; elsewhere ignored. */
+       advised MADV_HUGEPAGE and unmapped once read, in 2 MiB folios. With DIRECT too: such a call reads
+       through the page cache, as PAGE_CACHE does, and only decode's calls read into copies. Ignored where a
+       tensor has an arena. */
     bool stream_prompts;
     bool huge_folios;               /* read 2 MiB-aligned ranges in huge folios where the kernel allows (page cache) */
     /* A layer's resident experts compute while its misses read. PAGE_CACHE, tensors without an arena: a call
@@ -187,6 +188,7 @@ struct guanaco_residency_stats {
     enum guanaco_io_backend io_backend;
     enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
     bool overlap_layer;               /* in force: config.overlap_layer */
+    bool stream_prompts;              /* in force: config.stream_prompts, where arenas allow */
 };
 
 struct guanaco_residency;

@@ -46,6 +46,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                "lru io_uring 3M page-cache throttled-gate --gen-tokens 40" \
                "layer-lru io_uring 3M direct pilot+repack=on" "lru threads 2M page-cache none+repack=off" \
                "layer-lru io_uring 4M page-cache pilot+stream --ubatch 16" "guanaco threads 3M page-cache gate+stream" \
+               "lru threads 2M direct pilot+stream --ubatch 16" \
                "lru io_uring 3M page-cache pilot+nostream --ubatch 16" \
                "layer-lru threads 3M page-cache pilot+overlap=off --ubatch 16"; do
         set -- $run
@@ -53,7 +54,8 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
         # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches (40 tokens: decode
         # starts off, tries read-ahead in its third epoch of 4 tokens and again at most one epoch in 8)
         # X+repack=Y: --guanaco-repack Y (the default is auto)
-        # X+stream: --guanaco-stream-prompts on (the default), checked to stream; X+nostream: off
+        # X+stream: --guanaco-stream-prompts on (the default), checked to stream (direct loading too: its prompts
+        # read through the page cache, its decode into copies); X+nostream: off
         # X+overlap=off: --guanaco-overlap-layer off (the default: every call maps its reads before the layer
         # computes); the others run with it on, so the logits are checked both ways, for page-cache loading
         # (the matmuls fault the pages in) and direct loading (MUL_MAT_ID asks for each expert)
@@ -100,7 +102,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                 "$(grep -oE '[0-9]+ loads settled[^,]*' "$W/$arch.$name.log" | tail -1)"
         fi
         # a predictor must really read ahead and use some of it, into the page cache or (direct, gate: its decode
-        # guesses are sure enough on these tiny models, where pilot's are not; direct reads no prompt ahead) into
+        # guesses are sure enough on these tiny models, where pilot's are not) into
         # copies. Direct with the overlap reads ahead too, but its calls end later, so other experts miss, and on
         # these few dozen accesses whether a sure guess meets a miss is chance: only its logits are checked.
         if [ "$predictor" != none ] && [ $throttle = off ] &&
