@@ -184,6 +184,7 @@ struct guanaco_residency {
     } *spares;
     size_t n_spares, spare_capacity, spare_count_limit;
     uint64_t spare_bytes, spare_limit;
+    bool streaming; /* since the last streamed call or read-ahead, until the next call that is neither: no spares */
     /* arena tensors: one expert slice of the file, read out of the page cache for its transform */
     char *transform_source;
     uint64_t transform_source_bytes;
@@ -985,7 +986,7 @@ static char *take_spare(struct guanaco_residency *r, uint64_t length) {
 
 /* Whether the spares have room for one more copy of `length` bytes. */
 static bool spare_room(struct guanaco_residency *r, uint64_t length) {
-    if (r->spare_bytes + length > r->spare_limit || r->n_spares >= r->spare_count_limit) {
+    if (r->streaming || r->spare_bytes + length > r->spare_limit || r->n_spares >= r->spare_count_limit) {
         return false;
     }
     if (r->n_spares == r->spare_capacity) {
@@ -1046,11 +1047,31 @@ static void discard_copies(struct guanaco_residency *r, const struct layer *l, u
     }
 }
 
-static void free_spares(struct guanaco_residency *r) {
+static void unmap_spares(struct guanaco_residency *r) {
     for (size_t i = 0; i < r->n_spares; i++) {
         munmap(r->spares[i].at, r->spares[i].length);
     }
+    r->n_spares = 0;
+    r->spare_bytes = 0;
+}
+
+static void free_spares(struct guanaco_residency *r) {
+    unmap_spares(r);
     free(r->spares);
+}
+
+/*
+ * A prompt reads through the page cache (stream_prompts) and takes no
+ * spare, so while it streams the spares go back to the kernel: up to an
+ * eighth of the budget in anonymous memory that the prompt's page cache, a
+ * layer read and the next one reading ahead, would otherwise have to be
+ * reclaimed from under a memory limit. Decode's next evictions make new ones.
+ */
+static void set_streaming(struct guanaco_residency *r, bool streaming) {
+    if (streaming && !r->streaming) {
+        unmap_spares(r);
+    }
+    r->streaming = streaming;
 }
 
 /*
@@ -1907,6 +1928,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
                                          guanaco_streams_layer(named, r->n_expert)));
     if (streamed) {
         r->stream_ahead[layer] = true;
+        set_streaming(r, true);
     }
     /* Room inside the budget: the policy gives up its least wanted experts, never the protected layer's. */
     guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding + wanted * expert_bytes);
@@ -2243,6 +2265,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     const bool stream = r->stream && may_stream && (r->stream_ahead[layer] || guanaco_streams_layer(n_distinct, r->n_expert));
     if (r->stream) {
         r->stream_ahead[layer] = false;
+        set_streaming(r, stream);
     }
     r->read_layer = layer; /* from here to the policy's answer, read_call marks what this call mapped */
     r->last_layer = layer;
@@ -2474,6 +2497,7 @@ void guanaco_residency_get_stats(const struct guanaco_residency *r, struct guana
     pthread_mutex_lock(&m->lock);
     *out = r->stats;
     out->budget_bytes = r->budget_bytes;
+    out->spare_bytes = r->spare_bytes;
     pthread_mutex_unlock(&m->lock);
 }
 

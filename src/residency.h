@@ -183,6 +183,8 @@ struct guanaco_residency_stats {
     uint64_t loaded_huge_bytes;     /* demand loads' bytes read through the MADV_HUGEPAGE mapping */
     uint64_t spare_reused_bytes;    /* DIRECT copies read into an evicted copy's pages (spares), not into fresh
                                        ones the kernel allocates and zeroes */
+    uint64_t spare_bytes;           /* now: evicted DIRECT copies kept for the next reads, beyond the budget (at
+                                       most max(budget / 8, 64 MiB); none while a prompt streams) */
     uint64_t loads_settled_computing; /* DIRECT with overlap_layer: loads a matmul asked for while its layer
                                          computed (guanaco_residency_expert_ready), not settled at the call's end */
     enum guanaco_io_backend io_backend;

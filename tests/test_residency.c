@@ -1300,6 +1300,54 @@ static void test_stream_prompts(enum guanaco_io_backend io) {
     free_model(&sm);
 }
 
+/*
+ * DIRECT: evicted copies wait as spares for decode's next reads, but a
+ * streamed prompt reads through the page cache: its first call gives the
+ * spares back to the kernel, its evictions keep none, and decode's
+ * evictions make them again.
+ */
+static void test_streaming_frees_spares(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
+    struct guanaco_residency_config config = config_of(m, all / 4, 0, GUANACO_POLICY_LRU, io);
+    config.stream_prompts = true;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    int32_t every[N_EXPERT];
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        every[e] = (int32_t)e;
+    }
+    struct guanaco_residency_stats st;
+    uint64_t token = 0;
+    for (int phase = 0; phase < 2; phase++) {
+        /* decode: a new pair of experts in every layer at every token, four fit a layer, so lru evicts */
+        for (int i = 0; i < 8; i++, token++) {
+            const int32_t pair[2] = {(int32_t)(2 * token % N_EXPERT), (int32_t)((2 * token + 1) % N_EXPERT)};
+            for (uint32_t l = 0; l < m->n_layer; l++) {
+                CHECK(prepare(m, r, l, pair, 2, token) == 0);
+            }
+        }
+        guanaco_residency_get_stats(r, &st);
+        CHECK(st.spare_bytes > 0 && st.spare_bytes <= 64ull << 20);
+        if (phase == 1) {
+            break;
+        }
+        /* a prompt: every call streams, and no spare is kept from its first call on */
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            CHECK(prepare(m, r, l, every, N_EXPERT, token) == 0);
+            guanaco_residency_get_stats(r, &st);
+            CHECK(st.spare_bytes == 0);
+        }
+        CHECK(st.streamed_bytes > 0);
+        token++;
+    }
+    verify(m, r, UINT32_MAX, NULL, 0, all / 4, 0, -1);
+    guanaco_residency_destroy(r);
+}
+
 /* Every expert resident under a budget that keeps them all (the hook then stops reading the router's ids):
    not before the last expert is in, not with a byte less of budget, again once the budget is back. */
 static void test_holds_every_expert(const struct model *m, enum guanaco_io_backend io) {
@@ -1810,6 +1858,9 @@ int main(void) {
             test_deferred_hits_stay(&m, io);
         }
         overlap_layer = false;
+        if (load_mode == GUANACO_RESIDENCY_LOAD_DIRECT) {
+            test_streaming_frees_spares(&m, io);
+        }
         /* read-ahead, right and wrong, then a prompt-sized batch with a tight budget (DIRECT: into copies) */
         run_prefetch_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 10, 1, 4, 3);
         run_prefetch_stream(&m, io, GUANACO_POLICY_LRU, all / 4, 8, 2, 2, 0);
