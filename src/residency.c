@@ -1734,12 +1734,20 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
         r->stats.prefetch_wait_ns += guanaco_now_ns() - wait_start;
         release_run(r, run);
         uint64_t per_expert = l->expert_bytes;
+        /* What nobody needs goes first. Its drop may cut a 2 MiB folio that it shares with a needed neighbour,
+           and a file folio's PMD splits by unmapping the whole folio: dropped after the neighbour was mapped,
+           it left the neighbour's pages to the matmul's faults (direct loading's file mapping, cut by its
+           copies, then maps them back 16 pages a fault). */
         for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts; e++) {
             if (r->seen_call[e] != call) {
                 r->stats.prefetch_wasted_bytes += per_expert;
                 r->stats.prefetch_wasted_experts++;
                 (void)populate_slices(r, l, e, false); /* waits for its reads, so the drop finds nothing in flight */
                 (void)drop_expert(r, layer, e);
+            }
+        }
+        for (uint32_t e = run->first_expert; e < run->first_expert + run->n_experts; e++) {
+            if (r->seen_call[e] != call) {
                 continue;
             }
             /* the page cache's reads were issued at once; whether the disk had answered shows in the page cache */
