@@ -6,6 +6,8 @@
  * (guanaco_engine_context_memory), the margin is what they take plus 256 MiB
  * plus 5% for the process, the page cache's slack and reads in flight: in a
  * 6 GB limit on a 16.5 GB model, the load-time rule alone left 1.4 GB unused.
+ * Direct loading keeps evicted copies (anonymous, not reclaimable) beside the
+ * budget, up to guanaco_spare_limit, so its budget leaves room for them.
  * The floor is a quarter of a layer's experts, or nothing runs. The preload
  * count lives here too: it is the budget's split between layers, and the
  * engine and the simulator must preload the same experts.
@@ -18,22 +20,42 @@
 #define MARGIN_UNKNOWN_SHARE 0.10
 #define MARGIN_KNOWN_BYTES (256ull << 20)
 #define MARGIN_KNOWN_SHARE 0.05
+#define SPARE_MIN_BYTES (64ull << 20)
+#define SPARE_SHARE_DIVISOR 8
+
+uint64_t guanaco_spare_limit(uint64_t budget_bytes) {
+    uint64_t share = budget_bytes / SPARE_SHARE_DIVISOR;
+    return share > SPARE_MIN_BYTES ? share : SPARE_MIN_BYTES;
+}
+
+/* The largest budget b with b + guanaco_spare_limit(b) <= room. */
+static uint64_t budget_beside_spares(uint64_t room) {
+    uint64_t share_budget = room / (SPARE_SHARE_DIVISOR + 1) * SPARE_SHARE_DIVISOR;
+    if (share_budget / SPARE_SHARE_DIVISOR >= SPARE_MIN_BYTES) {
+        return share_budget;
+    }
+    return room > SPARE_MIN_BYTES ? room - SPARE_MIN_BYTES : 0;
+}
 
 void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int64_t context_bytes,
-                         bool contexts_known, struct guanaco_auto_budget *out) {
+                         bool contexts_known, bool keeps_spares, struct guanaco_auto_budget *out) {
     uint64_t non_expert = m->total_bytes - m->expert_bytes;
     uint64_t contexts = context_bytes > 0 ? (uint64_t)context_bytes : 0;
     uint64_t margin = contexts_known ? MARGIN_KNOWN_BYTES + (uint64_t)((double)memory * MARGIN_KNOWN_SHARE) + contexts
                                      : MARGIN_UNKNOWN_BYTES + (uint64_t)((double)memory * MARGIN_UNKNOWN_SHARE);
-    uint64_t budget = memory > non_expert + margin ? memory - non_expert - margin : 0;
+    uint64_t room = memory > non_expert + margin ? memory - non_expert - margin : 0;
+    uint64_t budget = keeps_spares ? budget_beside_spares(room) : room;
     uint64_t floor = m->n_moe_layers > 0 ? m->expert_bytes / (uint64_t)m->n_moe_layers / 4 : 0;
     out->margin = margin;
+    out->spares = keeps_spares ? room - budget : 0;
     out->at_floor = budget < floor;
     out->budget = out->at_floor ? floor : budget;
 }
 
-double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes) {
-    return ((double)budget + (double)non_expert_bytes + (double)MARGIN_UNKNOWN_BYTES) / (1.0 - MARGIN_UNKNOWN_SHARE);
+double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes, bool keeps_spares) {
+    double spares = keeps_spares ? (double)guanaco_spare_limit(budget) : 0.0;
+    return ((double)budget + spares + (double)non_expert_bytes + (double)MARGIN_UNKNOWN_BYTES) /
+           (1.0 - MARGIN_UNKNOWN_SHARE);
 }
 
 void guanaco_auto_budget_margin_rule(bool contexts_known, char *text, size_t size) {

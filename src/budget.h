@@ -18,16 +18,22 @@
 struct guanaco_auto_budget {
     uint64_t budget;   /* expert bytes allowed resident */
     uint64_t margin;   /* kept free besides the non-expert weights (contexts' buffers included, when known) */
+    uint64_t spares;   /* kept for direct loading's spare copies (keeps_spares), beside the budget */
     bool at_floor;     /* the memory left less than the floor of a quarter layer, which was taken instead */
 };
 
 /* The budget `memory` bytes leave: before any context exists (contexts_known false) a fixed margin covers
-   the KV cache and compute buffers; after, context_bytes are what they really hold. */
+   the KV cache and compute buffers; after, context_bytes are what they really hold. keeps_spares (direct
+   loading) leaves guanaco_spare_limit(budget) beside the budget. */
 void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int64_t context_bytes,
-                         bool contexts_known, struct guanaco_auto_budget *out);
+                         bool contexts_known, bool keeps_spares, struct guanaco_auto_budget *out);
 
 /* The memory at which the load-time rule (contexts unknown) gives `budget`: the rule read backwards. */
-double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes);
+double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes, bool keeps_spares);
+
+/* The most bytes of evicted copies direct loading keeps for the next reads, beyond the budget: an eighth of
+   it, at least 64 MiB. Anonymous memory the kernel cannot reclaim, so --guanaco-ram auto counts it. */
+uint64_t guanaco_spare_limit(uint64_t budget_bytes);
 
 /* The rule's margin in words, "1 GiB + 10%" (contexts unknown) or "256 MiB + 5%" (known), written into
    `text` from the same constants, for the lines that explain a budget (the engine's log, guanaco-plan). */

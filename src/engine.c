@@ -63,12 +63,16 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
     uint64_t loads = now->expert_loads - before->expert_loads, bytes = demand + used + wasted;
     uint64_t read_ns = now->read_ns - before->read_ns, stall_ns = now->stall_ns - before->stall_ns;
     uint64_t evictions = now->evictions - before->evictions, churn = now->churn_loads - before->churn_loads;
+    char spares[64] = ""; /* direct loading's evicted copies, held beyond the budget */
+    if (now->load == GUANACO_RESIDENCY_LOAD_DIRECT) {
+        snprintf(spares, sizeof(spares), ", spare copies %.1f MiB", (double)now->spare_bytes / 1048576.0);
+    }
     guanaco_log_info("%s: %llu tokens, resident %.1f%% of %llu accesses, hot-pinned %.1f%%, %llu loads, "
                      "%.2f GiB read at %.2f GB/s, stall %.1f ms/token (reads %.1f, mapping %.1f of which repacking %.1f, eviction %.1f, read-ahead "
                      "wait %.1f), %llu evictions, churn %.1f%% "
                      "(reloaded within %u tokens), read-ahead %.1f MiB issued, %.1f used, %.1f wasted, recall %.1f%%, "
                      "hidden %.1f%% of reads, streamed %.1f MiB (%.1f via the huge mapping), loaded %.1f MiB via the huge "
-                     "mapping%s",
+                     "mapping%s%s",
                      what, (unsigned long long)tokens, percent(hits, accesses), (unsigned long long)accesses,
                      percent(now->pinned_hits - before->pinned_hits, accesses), (unsigned long long)loads, gib(bytes),
                      read_ns ? (double)demand / (double)read_ns : 0.0, per_token(stall_ns, tokens),
@@ -80,7 +84,7 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      percent(named, checked), percent(hidden, demand + used),
                      (double)(now->streamed_bytes - before->streamed_bytes) / 1048576.0,
                      (double)(now->streamed_huge_bytes - before->streamed_huge_bytes) / 1048576.0,
-                     (double)(now->loaded_huge_bytes - before->loaded_huge_bytes) / 1048576.0, tail);
+                     (double)(now->loaded_huge_bytes - before->loaded_huge_bytes) / 1048576.0, spares, tail);
 }
 
 /* Every status_every tokens through the last MoE layer: the interval's line plus a RAM check by mincore. */
@@ -319,21 +323,32 @@ static size_t compute_rank(const char *name) {
     return strstr(name, "ffn_gate_exps") ? 1 : strstr(name, "ffn_down_exps") ? 2 : 3;
 }
 
-static uint64_t automatic_budget(struct guanaco_engine *engine) {
+/* The auto rule's term for direct loading's spare copies, or nothing under page-cache loading. */
+static void describe_spares(const struct guanaco_auto_budget *rule, char *text, size_t size) {
+    text[0] = '\0';
+    if (rule->spares) {
+        snprintf(text, size, " - direct loading's spare copies %.2f GiB", gib(rule->spares));
+    }
+}
+
+static uint64_t automatic_budget(struct guanaco_engine *engine, bool keeps_spares) {
     const struct guanaco_manifest *m = &engine->manifest;
     uint64_t limit = cgroup_memory_limit();
     uint64_t available = mem_available();
     uint64_t memory = limit && (limit < available || !available) ? limit : available;
     struct guanaco_auto_budget rule;
-    guanaco_auto_budget(memory, m, 0, false, &rule);
+    guanaco_auto_budget(memory, m, 0, false, keeps_spares, &rule);
     uint64_t margin = rule.margin, budget = rule.budget;
     engine->auto_memory = memory;
+    engine->auto_keeps_spares = keeps_spares;
     char margin_rule[32];
     guanaco_auto_budget_margin_rule(false, margin_rule, sizeof(margin_rule));
+    char spares[64];
+    describe_spares(&rule, spares, sizeof(spares));
     guanaco_log_info("budget auto: %s %.2f GiB - non-expert weights %.2f GiB - margin %.2f GiB (%s, until "
-                     "the context's buffers are known) = %.2f GiB",
+                     "the context's buffers are known)%s = %.2f GiB",
                      limit && memory == limit ? "cgroup limit" : "MemAvailable", gib(memory),
-                     gib(m->total_bytes - m->expert_bytes), gib(margin), margin_rule, gib(budget));
+                     gib(m->total_bytes - m->expert_bytes), gib(margin), margin_rule, spares, gib(budget));
     return budget;
 }
 
@@ -363,17 +378,19 @@ void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes)
         return;
     }
     struct guanaco_auto_budget rule;
-    guanaco_auto_budget(engine->auto_memory, &engine->manifest, contexts, true, &rule);
+    guanaco_auto_budget(engine->auto_memory, &engine->manifest, contexts, true, engine->auto_keeps_spares, &rule);
     uint64_t margin = rule.margin, budget = rule.budget;
     guanaco_residency_set_budget(engine->residency, budget);
     update_holds_every_expert(engine);
     char margin_rule[32];
     guanaco_auto_budget_margin_rule(true, margin_rule, sizeof(margin_rule));
+    char spares[64];
+    describe_spares(&rule, spares, sizeof(spares));
     guanaco_log_info("budget auto: %.2f GiB - non-expert weights %.2f GiB - contexts' buffers %.2f GiB - margin "
-                     "%.2f GiB (%s) = %.2f GiB",
+                     "%.2f GiB (%s)%s = %.2f GiB",
                      gib(engine->auto_memory), gib(engine->manifest.total_bytes - engine->manifest.expert_bytes),
                      gib((uint64_t)(contexts > 0 ? contexts : 0)), gib(margin - (uint64_t)(contexts > 0 ? contexts : 0)),
-                     margin_rule, gib(budget));
+                     margin_rule, spares, gib(budget));
 }
 
 static int preload(struct guanaco_engine *engine, uint64_t budget, const struct guanaco_imatrix_prior *prior);
@@ -584,7 +601,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         engine->residency_tensors_in_layer[layer] = 0;
     }
     /* Both knobs may be set and the tighter wins; a budget not given is derived. */
-    uint64_t budget = o->ram_bytes ? o->ram_bytes : automatic_budget(engine);
+    uint64_t budget = o->ram_bytes ? o->ram_bytes : automatic_budget(engine, load == GUANACO_RESIDENCY_LOAD_DIRECT);
     const bool everything_fits = budget >= m->expert_bytes && (!o->max_experts || o->max_experts >= (uint32_t)m->n_expert);
     /* Each layer's tensors in the order its matmuls run, so that --guanaco-overlap-layer reads them so */
     for (size_t step = 0; step < COMPUTE_RANKS * m->n_tensors; step++) {

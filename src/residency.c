@@ -57,8 +57,6 @@
 #if !defined(SYS_cachestat) && !defined(__alpha__)
 #define SYS_cachestat 451
 #endif
-/* LOAD_DIRECT keeps at least this many bytes of evicted copies for the next reads (keep_spare). */
-#define SPARE_MIN_BYTES (64ull << 20)
 /* Pages per edge read slot: a slice with no whole page inside spans at most two. */
 #define EDGE_SLOT_PAGES 2
 /* Most bytes one read-ahead run spans in one tensor (it is cut into GUANACO_IO_ADVISE_BYTES requests). */
@@ -403,7 +401,7 @@ static int choose_load(struct guanaco_residency *r, const struct guanaco_residen
     }
     size_t slots = (size_t)r->n_expert * r->max_tensors_in_layer;
     /* enough for the next call's reads, which take them; a decode call reads a few experts */
-    r->spare_limit = config->budget_bytes / 8 > SPARE_MIN_BYTES ? config->budget_bytes / 8 : SPARE_MIN_BYTES;
+    r->spare_limit = guanaco_spare_limit(config->budget_bytes);
     r->spare_count_limit = slots;
     r->staging = calloc(slots ? slots : 1, sizeof(*r->staging));
     r->edge_scratch = malloc((slots ? slots : 1) * 2 * EDGE_SLOT_PAGES * r->page);
@@ -2636,6 +2634,10 @@ void guanaco_residency_set_budget(struct guanaco_residency *r, uint64_t budget_b
     guanaco_policy_set_budget(r->policy, budget_bytes);
     if (r->prefetch_allowance) {
         r->prefetch_allowance = guanaco_read_ahead_allowance(budget_bytes);
+    }
+    r->spare_limit = guanaco_spare_limit(budget_bytes);
+    if (r->spare_bytes > r->spare_limit) {
+        free_spares(r); /* --guanaco-ram auto counted only the new limit beside the budget */
     }
     pthread_mutex_unlock(&r->lock);
 }

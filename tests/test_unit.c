@@ -489,11 +489,28 @@ static void test_budget(void) {
     struct guanaco_manifest m = {.n_expert = 8, .n_moe_layers = 4, .expert_bytes = 8ull << 30,
                                  .total_bytes = 9ull << 30};
     struct guanaco_auto_budget auto_budget;
-    double memory = guanaco_auto_budget_memory_needed(3ull << 30, m.total_bytes - m.expert_bytes);
-    guanaco_auto_budget((uint64_t)memory + 1, &m, 0, false, &auto_budget);
+    double memory = guanaco_auto_budget_memory_needed(3ull << 30, m.total_bytes - m.expert_bytes, false);
+    guanaco_auto_budget((uint64_t)memory + 1, &m, 0, false, false, &auto_budget);
     CHECK(!auto_budget.at_floor && auto_budget.budget >= 3ull << 30 && auto_budget.budget <= (3ull << 30) + 2);
+    CHECK(auto_budget.spares == 0);
+    /* direct loading: its spare copies (an eighth of the budget, at least 64 MiB) fit beside the budget, both
+       where the eighth rules and where the 64 MiB floor does, and the rule still reads backwards (64 layers:
+       the floor of a quarter layer, 32 MiB, stays below these budgets) */
+    struct guanaco_manifest deep = m;
+    deep.n_moe_layers = 64;
+    CHECK(guanaco_spare_limit(1ull << 30) == 128ull << 20 && guanaco_spare_limit(100ull << 20) == 64ull << 20);
+    uint64_t budgets[] = {3ull << 30, 400ull << 20, 512ull << 20, 600ull << 20};
+    for (size_t i = 0; i < sizeof(budgets) / sizeof(budgets[0]); i++) {
+        memory = guanaco_auto_budget_memory_needed(budgets[i], m.total_bytes - m.expert_bytes, true);
+        struct guanaco_auto_budget plain;
+        guanaco_auto_budget((uint64_t)memory + 16, &deep, 0, false, true, &auto_budget);
+        guanaco_auto_budget((uint64_t)memory + 16, &deep, 0, false, false, &plain);
+        CHECK(auto_budget.budget + guanaco_spare_limit(auto_budget.budget) <= plain.budget);
+        CHECK(auto_budget.spares == plain.budget - auto_budget.budget);
+        CHECK(auto_budget.budget >= budgets[i] && auto_budget.budget <= budgets[i] + 64);
+    }
     /* too little memory: the floor of a quarter layer's experts */
-    guanaco_auto_budget(1ull << 30, &m, 0, false, &auto_budget);
+    guanaco_auto_budget(1ull << 30, &m, 0, false, false, &auto_budget);
     CHECK(auto_budget.at_floor && auto_budget.budget == (8ull << 30) / 4 / 4);
     /* the preload share: whole experts in proportion to the budget, capped by n_expert and max_per_layer */
     CHECK(guanaco_preload_count(2ull << 30, 8ull << 30, 8, 0) == 2);

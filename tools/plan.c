@@ -29,6 +29,7 @@
 #include "trace.h"
 #include "cli.h"
 #include "replay_input.h"
+#include "guanaco.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -92,6 +93,7 @@ struct plan_options {
     unsigned long tokens;
     uint64_t seed;
     bool have_seed;
+    bool keeps_spares; /* the engine will load directly (GUANACO_LOAD or its default): room for spare copies */
 };
 
 /* "16G", "12288M", "512K", "1073741824", with an optional "iB" or "B": binary units, as --guanaco-ram. */
@@ -119,6 +121,8 @@ static int parse_options(int argc, char **argv, struct plan_options *o) {
     o->traces = calloc((size_t)argc, sizeof(*o->traces));
     o->policy = GUANACO_POLICY_DEFAULT;
     o->predictor = GUANACO_PREDICTOR_DEFAULT;
+    struct guanaco_options engine_options;
+    o->keeps_spares = guanaco_options_get(&engine_options) == 0 && engine_options.load == GUANACO_LOAD_DIRECT;
     if (!o->models || !o->traces) {
         fprintf(stderr, PROG ": out of memory\n");
         return 2;
@@ -420,15 +424,16 @@ static double hit_percent(const struct guanaco_replay_stats *s) {
     return s->accesses ? 100.0 * (double)s->hits / (double)s->accesses : 0.0;
 }
 
-/* The RAM at which the engine's automatic budget equals `budget`: budget + non-expert + 1 GiB + 10% of RAM. */
-static double ram_needed_bytes(uint64_t budget, uint64_t non_expert) {
-    return guanaco_auto_budget_memory_needed(budget, non_expert);
+/* The RAM at which the engine's automatic budget equals `budget`: budget + non-expert + 1 GiB + 10% of RAM,
+   and direct loading's spare copies. */
+static double ram_needed_bytes(uint64_t budget, uint64_t non_expert, bool keeps_spares) {
+    return guanaco_auto_budget_memory_needed(budget, non_expert, keeps_spares);
 }
 
 /* The engine's automatic budget for `ram` bytes, and whether it fell to the engine's floor of a quarter layer. */
-static uint64_t budget_for_ram(uint64_t ram, const struct guanaco_manifest *m, bool *at_floor) {
+static uint64_t budget_for_ram(uint64_t ram, const struct guanaco_manifest *m, bool keeps_spares, bool *at_floor) {
     struct guanaco_auto_budget rule;
-    guanaco_auto_budget(ram, m, 0, false, &rule);
+    guanaco_auto_budget(ram, m, 0, false, keeps_spares, &rule);
     *at_floor = rule.at_floor;
     return rule.budget;
 }
@@ -642,7 +647,7 @@ static void make_sweep(const struct plan_options *options, const struct guanaco_
     sweep->ram_at_floor = false;
     sweep->ram_budget = 0;
     if (options->ram_bytes) {
-        sweep->ram_budget = budget_for_ram(options->ram_bytes, manifest, &sweep->ram_at_floor);
+        sweep->ram_budget = budget_for_ram(options->ram_bytes, manifest, options->keeps_spares, &sweep->ram_at_floor);
         if (sweep->ram_budget > geometry->total_expert_bytes) {
             sweep->ram_budget = geometry->total_expert_bytes;
         }
@@ -717,18 +722,20 @@ static void print_table(const struct plan_options *options, const struct plan_sw
         const struct plan_row *row = &sweep->rows[r];
         printf("%10.2f %9.1f %14.2f %11.2f %11.2f %13.2f %10.2f %11.2f%s\n", (double)row->budget_bytes / scale,
                100.0 * (double)row->budget_bytes / (double)geometry->total_expert_bytes,
-               ram_needed_bytes(row->budget_bytes, non_expert) / scale, row->expected_percent, row->optimal_percent,
+               ram_needed_bytes(row->budget_bytes, non_expert, options->keeps_spares) / scale, row->expected_percent, row->optimal_percent,
                row->mb_per_token, row->tokens_per_second, row->overlapped_tokens_per_second,
                row->from_ram ? "   <- --ram" : "");
     }
     char margin_rule[32];
     guanaco_auto_budget_margin_rule(false, margin_rule, sizeof(margin_rule));
     printf("\nresident %% = expert accesses served from RAM over %llu tokens, cold start included; RAM needed = "
-           "budget + other weights + %s (the engine's --guanaco-ram auto rule);\n"
+           "budget + other weights + %s%s (the engine's --guanaco-ram auto rule);\n"
            "tok/s = 1000 / (%.2f ms compute + MB/token read at %.2f GB/s), compute and reads one after the other;\n"
            "overlapped tok/s = the engine's pipeline with %s read-ahead: each MoE layer takes its share of the "
            "compute plus the reads it still waits for (offline/simulate.h)\n",
-           (unsigned long long)n_tokens, margin_rule, speeds->compute_ms, speeds->disk_gbps,
+           (unsigned long long)n_tokens, margin_rule,
+           options->keeps_spares ? " + direct loading's spare copies (an eighth of the budget, at least 64 MiB)" : "",
+           speeds->compute_ms, speeds->disk_gbps,
            guanaco_predictor_kind_name(options->predictor));
     if (!sweep->all_exact) {
         printf("note: expert sizes differ between layers, so \"optimal\" (farthest next use) is a strong heuristic "
