@@ -121,13 +121,21 @@ engine_rates() { # engine_rates BUDGET VARIANT
               print d, p }'
 }
 
+# A Guanaco variant's load: its third field, a +load= setting, or the engine's default, direct.
+variant_load() {
+    local load
+    load=$(cut -d: -f3 <<<"${1%%+*}::")
+    [[ $1 =~ \+load=([a-z-]+)($|\+) ]] && load=${BASH_REMATCH[1]}
+    echo "${load:-direct}"
+}
+
 # guanaco-sim's prediction for one Guanaco cell: "decode_tok_s prompt_tok_s" ('-' for what it cannot say), or
 # "gate" for prefetch=gate, which a replay cannot guess as the engine does. DECODE_GBPS and PROMPT_GBPS are
 # engine_rates' figures; PROMPT_MS the warm compute per prompt token or empty.
 simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_MS
     local b=$1 v=$2 dgbps=$3 pgbps=$4 pms=$5 trace policy predictor=pilot stream=on overlap=off setting key value
     # the engine's default: direct loading overlaps a layer's reads with its compute, page-cache loading does not
-    [ "$(cut -d: -f3 <<<"${v%%+*}::")" = direct ] && overlap=on
+    [ "$(variant_load "$v")" = direct ] && overlap=on
     trace="$OUT/logs/b$b-${v//:/-}-r1.trace"
     [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- -"; return; }
     policy=$(cut -d: -f2 <<<"${v%%+*}:")
@@ -205,7 +213,7 @@ for b in $budgets; do
         read -r dg pg <<<"${RATES[$b/$v]}"
         # With --guanaco-overlap-layer on (page-cache loading) a call only issues its reads and the matmuls
         # wait for them, so the engine's rate is the issue rate: the replay gets fio's instead.
-        if [ "$(cut -d: -f3 <<<"${v%%+*}::")" != direct ] && [[ $v =~ \+overlap-layer=(1|on)($|\+) ]]; then
+        if [ "$(variant_load "$v")" != direct ] && [[ $v =~ \+overlap-layer=(1|on)($|\+) ]]; then
             dg=$FIO_GBPS pg=$FIO_GBPS
         fi
         SIM[$b/$v]=$(simulate_cell "$b" "$v" "$dg" "$pg" "$PROMPT_MS")

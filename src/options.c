@@ -77,7 +77,8 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                    "io_uring; GUANACO_IO_URING=0 means threads)"},
     [OPTION_LOAD] = {"guanaco-load", "GUANACO_LOAD", OPTION_CHOICE, load_choices,
                      "how a missing expert is made resident: page-cache (buffered reads, then mapped) or direct "
-                     "(O_DIRECT into anonymous pages placed over the mapping) (default: page-cache, measured faster)"},
+                     "(O_DIRECT into anonymous pages placed over the mapping; prompts still stream through the page cache) "
+                     "(default: direct, measured faster; page-cache where the file system refuses O_DIRECT)"},
     [OPTION_STATUS_EVERY] = {"guanaco-status-every", "GUANACO_STATUS_EVERY", OPTION_NUMBER, NULL,
                              "print a residency status line every N decoded tokens (default: 32)"},
     [OPTION_AUDIT] = {"guanaco-audit", "GUANACO_AUDIT", OPTION_BOOL, NULL,
@@ -155,7 +156,7 @@ static int default_value(enum option_id id) {
     case OPTION_PREFETCH_THROTTLE: return 1;
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return GUANACO_IO_URING;
-    case OPTION_LOAD: return GUANACO_LOAD_PAGE_CACHE; /* measured faster: README "Making experts resident" */
+    case OPTION_LOAD: return GUANACO_LOAD_DIRECT; /* decode 1.3x at 10-50%, prompts level: bench/PIPELINE.md */
     case OPTION_PREFETCH: return GUANACO_PREDICTOR_DEFAULT;
     default: return 0;
     }

@@ -52,15 +52,29 @@ check "recommends a --guanaco-ram value at the knee" $? "$(echo "$out" | grep re
 echo "$out" | grep -qE "given by --disk-gbps" && echo "$out" | grep -qE "given by --compute-ms"
 check "says disk and compute were given" $? ""
 
-# --ram: the recommended budget is the largest the engine's rule allows: RAM needed <= --ram, to the MiB.
-out=$(timeout 60 "$PLAN" "$W/tiny.gguf" --ram 1163M --disk-gbps 2 --compute-ms 10 2>&1)
-check "plans with --ram 1163M" $? "$out"
+# --ram: the recommended budget is the largest the engine's rule allows: RAM needed <= --ram, to the MiB. The
+# rule follows the load the engine will use: direct loading (the default) keeps spare copies, at least 64 MiB
+# beside the budget, so the same budget needs more RAM than under page-cache loading.
+out=$(GUANACO_LOAD=page-cache timeout 60 "$PLAN" "$W/tiny.gguf" --ram 1163M --disk-gbps 2 --compute-ms 10 2>&1)
+check "plans with --ram 1163M, page-cache loading" $? "$out"
 ram_row=$(rows "$out" | grep -- "<- --ram")
 recommended=$(echo "$out" | sed -n 's/^recommended *--guanaco-ram \([0-9]*\)M.*/\1/p')
 awk -v row="$ram_row" -v r="$recommended" 'BEGIN { split(row, f, " ")
-    exit !(f[3] <= 1163 && f[3] > 1162 && r != "" && r == int(f[1])) }'
-check "--ram row needs 1162-1163 MiB of RAM, and --guanaco-ram ${recommended}M is its budget rounded down" $? \
-    "row: $ram_row; recommended: $recommended"
+    exit !(f[3] <= 1163 && f[3] > 1162 && r != "" && r == int(f[1]) && r >= 4) }'
+check "page-cache: --ram row needs 1162-1163 MiB of RAM, and --guanaco-ram ${recommended}M is its budget rounded down" \
+    $? "row: $ram_row; recommended: $recommended"
+direct=$(timeout 60 "$PLAN" "$W/tiny.gguf" --ram 1163M --disk-gbps 2 --compute-ms 10 2>&1)
+echo "$direct" | grep -q "WARNING: --ram 1.14 GiB leaves nothing for experts"
+check "direct (default): the same --ram leaves no room beside the spare copies, and says so" $? "$direct"
+out=$(timeout 60 "$PLAN" "$W/tiny.gguf" --ram 1234M --disk-gbps 2 --compute-ms 10 2>&1)
+ram_row=$(rows "$out" | grep -- "<- --ram")
+recommended=$(echo "$out" | sed -n 's/^recommended *--guanaco-ram \([0-9]*\)M.*/\1/p')
+awk -v row="$ram_row" -v r="$recommended" 'BEGIN { split(row, f, " ")
+    exit !(f[3] <= 1234 && f[3] > 1233 && r != "" && r == int(f[1]) && r >= 4) }'
+check "direct: --ram 1234M row needs 1233-1234 MiB of RAM, --guanaco-ram ${recommended}M its budget rounded down" \
+    $? "row: $ram_row; recommended: $recommended"
+echo "$out" | grep -q "room for direct loading's spare copies"
+check "direct: the recommendation names the spare copies" $? "$(echo "$out" | grep recommended)"
 [ "$(rows "$out" | wc -l)" -eq 11 ]
 check "the --ram budget is an eleventh row" $? "$(rows "$out")"
 small=$(timeout 60 "$PLAN" "$W/tiny.gguf" --ram 512M --disk-gbps 2 --compute-ms 10 2>&1)

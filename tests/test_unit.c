@@ -46,7 +46,7 @@ static void test_options(void) {
     unsetenv("LLAMA_ARG_GUANACO_STREAMING");
     CHECK(guanaco_options_get(&options) == 0 && !options.streaming && options.readahead == GUANACO_READAHEAD_NORMAL);
     /* the residency defaults the README states */
-    CHECK(options.load == GUANACO_LOAD_PAGE_CACHE && options.status_every == GUANACO_DEFAULT_STATUS_EVERY &&
+    CHECK(options.load == GUANACO_LOAD_DIRECT && options.overlap_layer && options.status_every == GUANACO_DEFAULT_STATUS_EVERY &&
           !options.audit && options.preload && options.io == GUANACO_IO_URING && options.policy == 3 /* guanaco */ &&
           options.stream_prompts);
     /* read-ahead is on by default with the pilot predictor and its own default mass */

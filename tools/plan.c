@@ -758,8 +758,9 @@ static uint64_t choose_budget(const struct plan_options *options, const struct p
             char margin_rule[32];
             guanaco_auto_budget_margin_rule(false, margin_rule, sizeof(margin_rule));
             snprintf(why, size, "the largest budget that fits --ram %.2f GiB: minus %.2f GiB of other "
-                     "weights and a margin of %s, as --guanaco-ram auto would compute",
-                     (double)options->ram_bytes / GIB, (double)non_expert / GIB, margin_rule);
+                     "weights and a margin of %s%s, as --guanaco-ram auto would compute",
+                     (double)options->ram_bytes / GIB, (double)non_expert / GIB, margin_rule,
+                     options->keeps_spares ? ", with room for direct loading's spare copies beside the budget" : "");
         }
         return sweep->ram_budget;
     }
