@@ -121,12 +121,16 @@ engine_rates() { # engine_rates BUDGET VARIANT
               print d, p }'
 }
 
-# A Guanaco variant's load: its third field, a +load= setting, or the engine's default, direct.
+# The load a Guanaco cell ran with (variant_load BUDGET VARIANT): what its first rep's engine said (auto, the
+# default, chooses by the model), else the variant's third field or +load= setting, else page-cache.
 variant_load() {
-    local load
-    load=$(cut -d: -f3 <<<"${1%%+*}::")
-    [[ $1 =~ \+load=([a-z-]+)($|\+) ]] && load=${BASH_REMATCH[1]}
-    echo "${load:-direct}"
+    local b=$1 v=$2 load
+    load=$(grep -om1 'io [a-z_]*, load [a-z-]*' "$OUT/logs/b$b-${v//:/-}-r1.err" 2>/dev/null | sed 's/.* load //')
+    if [ -z "$load" ]; then
+        load=$(cut -d: -f3 <<<"${v%%+*}::")
+        [[ $v =~ \+load=([a-z-]+)($|\+) ]] && load=${BASH_REMATCH[1]}
+    fi
+    echo "${load:-page-cache}"
 }
 
 # guanaco-sim's prediction for one Guanaco cell: "decode_tok_s prompt_tok_s" ('-' for what it cannot say), or
@@ -135,7 +139,7 @@ variant_load() {
 simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_MS
     local b=$1 v=$2 dgbps=$3 pgbps=$4 pms=$5 trace policy predictor=pilot stream=on overlap=off setting key value
     # the engine's default: direct loading overlaps a layer's reads with its compute, page-cache loading does not
-    [ "$(variant_load "$v")" = direct ] && overlap=on
+    [ "$(variant_load "$b" "$v")" = direct ] && overlap=on
     trace="$OUT/logs/b$b-${v//:/-}-r1.trace"
     [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- -"; return; }
     policy=$(cut -d: -f2 <<<"${v%%+*}:")
@@ -213,7 +217,7 @@ for b in $budgets; do
         read -r dg pg <<<"${RATES[$b/$v]}"
         # With --guanaco-overlap-layer on (page-cache loading) a call only issues its reads and the matmuls
         # wait for them, so the engine's rate is the issue rate: the replay gets fio's instead.
-        if [ "$(variant_load "$v")" != direct ] && [[ $v =~ \+overlap-layer=(1|on)($|\+) ]]; then
+        if [ "$(variant_load "$b" "$v")" != direct ] && [[ $v =~ \+overlap-layer=(1|on)($|\+) ]]; then
             dg=$FIO_GBPS pg=$FIO_GBPS
         fi
         SIM[$b/$v]=$(simulate_cell "$b" "$v" "$dg" "$pg" "$PROMPT_MS")

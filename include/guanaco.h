@@ -46,6 +46,7 @@ enum guanaco_readahead {
 enum guanaco_load_mode {
     GUANACO_LOAD_PAGE_CACHE = 0, /* buffered reads fill the page cache, MADV_POPULATE_READ maps them */
     GUANACO_LOAD_DIRECT = 1,     /* O_DIRECT reads into anonymous pages moved over the expert's range */
+    GUANACO_LOAD_AUTO = 2,       /* by the model's expert slices at start: guanaco_auto_load_is_direct */
 };
 
 /* Whether resident experts run on llama.cpp's repacked CPU kernels (each repacked as it is read). */
@@ -78,6 +79,7 @@ struct guanaco_options {
     bool huge_folios;      /* --guanaco-huge-folios: 2 MiB-aligned ranges read in huge folios (page cache) */
     bool overlap_layer;    /* --guanaco-overlap-layer: a layer computes once its reads are issued (default: with
                               direct loading) */
+    bool overlap_layer_follows_load; /* not given: the engine turns it on exactly where it loads directly */
     int prefetch;          /* --guanaco-prefetch: an enum guanaco_predictor_kind; none = no read-ahead */
     bool prefetch_throttle; /* --guanaco-prefetch-throttle: read ahead only where measured faster */
     double pilot_mass;     /* --guanaco-pilot-mass; 0 = the predictor's default */

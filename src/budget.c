@@ -8,7 +8,9 @@
  * 6 GB limit on a 16.5 GB model, the load-time rule alone left 1.4 GB unused.
  * Direct loading keeps evicted copies (anonymous, not reclaimable) beside the
  * budget, up to guanaco_spare_limit, so its budget leaves room for them.
- * The floor is a quarter of a layer's experts, or nothing runs. The preload
+ * The floor is a quarter of a layer's experts, or nothing runs. --guanaco-load
+ * auto's choice lives here too, a rule on the same manifest.
+ * The preload
  * count lives here too: it is the budget's split between layers, and the
  * engine and the simulator must preload the same experts.
  */
@@ -64,6 +66,21 @@ void guanaco_auto_budget_margin_rule(bool contexts_known, char *text, size_t siz
     bool whole_gib = bytes % (1ull << 30) == 0;
     snprintf(text, size, "%llu %s + %.0f%%", (unsigned long long)(bytes >> (whole_gib ? 30 : 20)),
              whole_gib ? "GiB" : "MiB", share * 100.0);
+}
+
+/* Slices this large have a 2 MiB-aligned middle, which page-cache loading reads in 2 MiB folios and maps whole;
+   direct loading's copies are 4 KiB anonymous pages. Measured at 25%, replayed routing (bench/PIPELINE.md):
+   Qwen3-30B-A3B Q8_0, 1.6 MB slices, direct 1.06-1.36x page-cache's decode; Mixtral-8x7B Q4_0, 33 MB slices,
+   direct 0.69x, its compute outside the stall twice page-cache's. */
+#define AUTO_LOAD_PAGE_CACHE_SLICE_BYTES (4ull << 20)
+
+bool guanaco_auto_load_is_direct(const struct guanaco_manifest *m) {
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        if (m->tensors[i].expert_stride >= AUTO_LOAD_PAGE_CACHE_SLICE_BYTES) {
+            return false;
+        }
+    }
+    return true;
 }
 
 uint64_t guanaco_read_ahead_allowance(uint64_t budget_bytes) {

@@ -570,8 +570,18 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         (err = guanaco_expert_repack_create(&engine->repack)) < 0) {
         return err;
     }
-    enum guanaco_residency_load load =
-        o->load == GUANACO_LOAD_DIRECT ? GUANACO_RESIDENCY_LOAD_DIRECT : GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
+    const bool direct = o->load == GUANACO_LOAD_DIRECT || (o->load == GUANACO_LOAD_AUTO && guanaco_auto_load_is_direct(m));
+    enum guanaco_residency_load load = direct ? GUANACO_RESIDENCY_LOAD_DIRECT : GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
+    if (o->load == GUANACO_LOAD_AUTO) {
+        uint64_t largest = 0;
+        for (size_t i = 0; i < m->n_tensors; i++) {
+            largest = m->tensors[i].expert_stride > largest ? m->tensors[i].expert_stride : largest;
+        }
+        guanaco_log_info("--guanaco-load auto: %s (the largest expert slice is %.1f MiB; %s)",
+                         direct ? "direct" : "page-cache", (double)largest / 1048576.0,
+                         direct ? "under 4 MiB, direct loading decoded faster" :
+                                  "4 MiB or more, which page-cache loading maps in 2 MiB folios");
+    }
     for (int s = 0; s < m->n_shards; s++) {
         engine->shard_fds[s] = open(m->shard_paths[s], O_RDONLY | O_CLOEXEC);
         if (engine->shard_fds[s] < 0) {
@@ -653,7 +663,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .prefetch_bytes = o->prefetch != GUANACO_PREDICTOR_NONE ? guanaco_read_ahead_allowance(budget) : 0,
         .stream_prompts = o->stream_prompts,
         .huge_folios = o->huge_folios,
-        .overlap_layer = o->overlap_layer,
+        .overlap_layer = o->overlap_layer_follows_load ? load == GUANACO_RESIDENCY_LOAD_DIRECT : o->overlap_layer,
     };
     /* direct loading's overlap needs MUL_MAT_ID to ask: one engine per process gets it, the others wait for
        their reads as without the overlap */

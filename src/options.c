@@ -39,7 +39,7 @@ static const char *const policy_choices[] = {GUANACO_POLICY_KIND_NAMES(CHOICE) N
 static const char *const io_choices[] = {GUANACO_IO_BACKEND_NAMES(CHOICE) NULL};
 static const char *const prefetch_choices[] = {GUANACO_PREDICTOR_KIND_NAMES(CHOICE) NULL};
 /* Index = enum guanaco_load_mode (guanaco.h). */
-static const char *const load_choices[] = {"page-cache", "direct", NULL};
+static const char *const load_choices[] = {"page-cache", "direct", "auto", NULL};
 /* Index = enum guanaco_repack_mode (guanaco.h). */
 static const char *const repack_choices[] = {"off", "on", "auto", NULL};
 /* OPTION_FRACTION values are kept in millionths. */
@@ -78,7 +78,8 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_LOAD] = {"guanaco-load", "GUANACO_LOAD", OPTION_CHOICE, load_choices,
                      "how a missing expert is made resident: page-cache (buffered reads, then mapped) or direct "
                      "(O_DIRECT into anonymous pages placed over the mapping; prompts still stream through the page cache) "
-                     "(default: direct, measured faster; page-cache where the file system refuses O_DIRECT)"},
+                     "or auto (default: direct where expert slices are under 4 MiB, page-cache where they are larger "
+                     "and its 2 MiB folios map them: measured, README)"},
     [OPTION_STATUS_EVERY] = {"guanaco-status-every", "GUANACO_STATUS_EVERY", OPTION_NUMBER, NULL,
                              "print a residency status line every N decoded tokens (default: 32)"},
     [OPTION_AUDIT] = {"guanaco-audit", "GUANACO_AUDIT", OPTION_BOOL, NULL,
@@ -156,7 +157,7 @@ static int default_value(enum option_id id) {
     case OPTION_PREFETCH_THROTTLE: return 1;
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return GUANACO_IO_URING;
-    case OPTION_LOAD: return GUANACO_LOAD_DIRECT; /* decode 1.3x at 10-50%, prompts level: bench/PIPELINE.md */
+    case OPTION_LOAD: return GUANACO_LOAD_AUTO; /* by slice size: bench/PIPELINE.md, "Direct loading becomes the default" */
     case OPTION_PREFETCH: return GUANACO_PREDICTOR_DEFAULT;
     default: return 0;
     }
@@ -354,8 +355,9 @@ int guanaco_options_get(struct guanaco_options *out) {
     }
     /* Direct loading overlaps by default: the stall fell by a third there. Page-cache loading does not: its matmuls
        fault 4 KiB at a time what one populate maps, which ate the gain on 2 cores (README). */
-    if (value[OPTION_OVERLAP_LAYER] < 0) {
-        value[OPTION_OVERLAP_LAYER] = value[OPTION_LOAD] == GUANACO_LOAD_DIRECT;
+    const bool overlap_follows_load = value[OPTION_OVERLAP_LAYER] < 0;
+    if (overlap_follows_load) {
+        value[OPTION_OVERLAP_LAYER] = value[OPTION_LOAD] != GUANACO_LOAD_PAGE_CACHE; /* auto: the engine decides */
     }
     snprintf(out->trace_out, sizeof(out->trace_out), "%s", path[OPTION_TRACE_OUT]);
     snprintf(out->trace_replay, sizeof(out->trace_replay), "%s", path[OPTION_TRACE_REPLAY]);
@@ -375,6 +377,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->stream_prompts = value[OPTION_STREAM_PROMPTS] != 0;
     out->huge_folios = value[OPTION_HUGE_FOLIOS] != 0;
     out->overlap_layer = value[OPTION_OVERLAP_LAYER] != 0;
+    out->overlap_layer_follows_load = overlap_follows_load;
     out->prefetch = value[OPTION_PREFETCH];
     out->prefetch_throttle = value[OPTION_PREFETCH_THROTTLE] != 0;
     out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;

@@ -93,7 +93,7 @@ struct plan_options {
     unsigned long tokens;
     uint64_t seed;
     bool have_seed;
-    bool keeps_spares; /* the engine will load directly (GUANACO_LOAD or its default): room for spare copies */
+    bool keeps_spares; /* the engine will load directly (GUANACO_LOAD, or auto's rule): room for spare copies */
 };
 
 /* "16G", "12288M", "512K", "1073741824", with an optional "iB" or "B": binary units, as --guanaco-ram. */
@@ -121,8 +121,6 @@ static int parse_options(int argc, char **argv, struct plan_options *o) {
     o->traces = calloc((size_t)argc, sizeof(*o->traces));
     o->policy = GUANACO_POLICY_DEFAULT;
     o->predictor = GUANACO_PREDICTOR_DEFAULT;
-    struct guanaco_options engine_options;
-    o->keeps_spares = guanaco_options_get(&engine_options) == 0 && engine_options.load == GUANACO_LOAD_DIRECT;
     if (!o->models || !o->traces) {
         fprintf(stderr, PROG ": out of memory\n");
         return 2;
@@ -806,6 +804,11 @@ int main(int argc, char **argv) {
         goto done;
     }
     uint64_t non_expert = manifest.total_bytes - manifest.expert_bytes;
+    struct guanaco_options engine_options;
+    if (guanaco_options_get(&engine_options) == 0) {
+        options.keeps_spares = engine_options.load == GUANACO_LOAD_DIRECT ||
+                               (engine_options.load == GUANACO_LOAD_AUTO && guanaco_auto_load_is_direct(&manifest));
+    }
     print_model(&geometry, non_expert);
     struct plan_speeds speeds = {0};
     if (load_routing(&options, &manifest, &geometry, &requests) != 0 ||

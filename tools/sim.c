@@ -96,8 +96,9 @@ static void print_usage(FILE *out) {
             "  --stream-prompts on|off  as the engine's --guanaco-stream-prompts (default on): a call that\n"
             "                      needs half of its layer or more uses its reads once; the policy keeps\n"
             "                      only its hits\n"
-            "  --overlap-layer on|off  as the engine's --guanaco-overlap-layer (default off): a layer computes\n"
-            "                      while its own misses are read, so it takes max(drops + compute, reads)\n"
+            "  --overlap-layer on|off  as the engine's --guanaco-overlap-layer: a layer computes while its own\n"
+            "                      misses are read, so it takes max(drops + compute, reads). Default off, as\n"
+            "                      page-cache loading; the engine's default, direct loading, runs it on\n"
             "  --read-cpu-s-per-gb X  kernel CPU seconds to read one GB ahead into 4 KiB page-cache folios\n"
             "                      (measured: about 0.28 on the bench machine); that read-ahead slows the\n"
             "                      compute it overlaps by X / --cpu-cores per GB. Default 0, not charged\n"
@@ -797,7 +798,7 @@ struct sim_options {
     bool have_prompt_compute_ms;
     double prompt_disk_gbps;                 /* 0 = --disk-gbps */
     const char *stream_prompts;              /* on|off; NULL = on, the engine's default */
-    const char *overlap_layer;               /* on|off; NULL = off, the engine's default */
+    const char *overlap_layer;               /* on|off; NULL = off, page-cache loading's default (direct's is on) */
     double read_cpu_s_per_gb, drop_cpu_s_per_gb;
     unsigned long cpu_cores;
 };
