@@ -269,6 +269,13 @@ for huge in on off; do
     check "big slices, huge folios $huge: logits equal the $ref reference, ${loaded:-?} MiB loaded via the huge mapping ($want)" \
         $? "rc=$rc $(grep -E 'guanaco: (error|residency: [0-9])' "$W/big.$huge.log" | head -2)"
 done
+# --guanaco-load auto (the default) chose page-cache loading for those 4.5 MB slices, and direct loading for the
+# small model's (the warm start above), each with the overlap that follows it.
+grep -q 'guanaco-load auto: page-cache' "$W/big.on.log" && grep -q 'load page-cache, prefetch' "$W/big.on.log" &&
+    grep -q 'guanaco-load auto: direct' "$W/warm.log" && grep -q 'load direct (a layer computes while its reads land)' \
+    "$W/warm.log"
+check "load auto: page-cache for 4.5 MB slices, direct (overlapped) for small ones" $? \
+    "$(grep -hE 'load auto|residency: budget' "$W/big.on.log" "$W/warm.log")"
 m="$W/qwen3moe-Q8_0.gguf"
 
 GUANACO_STREAMING=1 GUANACO_RAM=12Q "$LOGITS_DUMP" "$W/qwen3moe-Q8_0.gguf" "$W/bad.bin" >"$W/bad.log" 2>&1
