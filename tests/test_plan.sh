@@ -53,26 +53,25 @@ echo "$out" | grep -qE "given by --disk-gbps" && echo "$out" | grep -qE "given b
 check "says disk and compute were given" $? ""
 
 # --ram: the recommended budget is the largest the engine's rule allows: RAM needed <= --ram, to the MiB. The
-# rule follows the load the engine will use: direct loading (the default) keeps spare copies, at least 64 MiB
-# beside the budget, so the same budget needs more RAM than under page-cache loading.
-out=$(GUANACO_LOAD=page-cache timeout 60 "$PLAN" "$W/tiny.gguf" --ram 1163M --disk-gbps 2 --compute-ms 10 2>&1)
-check "plans with --ram 1163M, page-cache loading" $? "$out"
-ram_row=$(rows "$out" | grep -- "<- --ram")
-recommended=$(echo "$out" | sed -n 's/^recommended *--guanaco-ram \([0-9]*\)M.*/\1/p')
-awk -v row="$ram_row" -v r="$recommended" 'BEGIN { split(row, f, " ")
-    exit !(f[3] <= 1163 && f[3] > 1162 && r != "" && r == int(f[1]) && r >= 4) }'
-check "page-cache: --ram row needs 1162-1163 MiB of RAM, and --guanaco-ram ${recommended}M is its budget rounded down" \
-    $? "row: $ram_row; recommended: $recommended"
+# rule follows the load the engine will use: direct loading (auto's choice for this model's small slices) keeps
+# spare copies, at least 64 MiB beside the budget, so the same budget needs more RAM than page-cache loading's.
+# check_ram_row LABEL RAM_MIB [ENV...]: plans with --ram RAM_MIB M and checks the row and the recommendation
+check_ram_row() {
+    local label=$1 ram=$2 row recommended
+    shift 2
+    out=$(env "$@" timeout 60 "$PLAN" "$W/tiny.gguf" --ram "${ram}M" --disk-gbps 2 --compute-ms 10 2>&1)
+    row=$(rows "$out" | grep -- "<- --ram")
+    recommended=$(echo "$out" | sed -n 's/^recommended *--guanaco-ram \([0-9]*\)M.*/\1/p')
+    awk -v row="$row" -v r="$recommended" -v ram="$ram" 'BEGIN { split(row, f, " ")
+        exit !(f[3] <= ram && f[3] > ram - 1 && r != "" && r == int(f[1]) && r >= 4) }'
+    check "$label: --ram row needs $((ram - 1))-$ram MiB of RAM, --guanaco-ram ${recommended}M its budget rounded down" \
+        $? "row: $row; recommended: $recommended"
+}
+check_ram_row page-cache 1163 GUANACO_LOAD=page-cache
 direct=$(timeout 60 "$PLAN" "$W/tiny.gguf" --ram 1163M --disk-gbps 2 --compute-ms 10 2>&1)
 echo "$direct" | grep -q "WARNING: --ram 1.14 GiB leaves nothing for experts"
-check "direct (default): the same --ram leaves no room beside the spare copies, and says so" $? "$direct"
-out=$(timeout 60 "$PLAN" "$W/tiny.gguf" --ram 1234M --disk-gbps 2 --compute-ms 10 2>&1)
-ram_row=$(rows "$out" | grep -- "<- --ram")
-recommended=$(echo "$out" | sed -n 's/^recommended *--guanaco-ram \([0-9]*\)M.*/\1/p')
-awk -v row="$ram_row" -v r="$recommended" 'BEGIN { split(row, f, " ")
-    exit !(f[3] <= 1234 && f[3] > 1233 && r != "" && r == int(f[1]) && r >= 4) }'
-check "direct: --ram 1234M row needs 1233-1234 MiB of RAM, --guanaco-ram ${recommended}M its budget rounded down" \
-    $? "row: $ram_row; recommended: $recommended"
+check "direct (auto): the same --ram leaves no room beside the spare copies, and says so" $? "$direct"
+check_ram_row "direct (auto)" 1234
 echo "$out" | grep -q "room for direct loading's spare copies"
 check "direct: the recommendation names the spare copies" $? "$(echo "$out" | grep recommended)"
 [ "$(rows "$out" | wc -l)" -eq 11 ]
