@@ -74,13 +74,16 @@ void guanaco_auto_budget_margin_rule(bool contexts_known, char *text, size_t siz
    direct 0.69x, its compute outside the stall twice page-cache's. */
 #define AUTO_LOAD_PAGE_CACHE_SLICE_BYTES (4ull << 20)
 
-bool guanaco_auto_load_is_direct(const struct guanaco_manifest *m) {
+uint64_t guanaco_largest_expert_slice(const struct guanaco_manifest *m) {
+    uint64_t largest = 0;
     for (size_t i = 0; i < m->n_tensors; i++) {
-        if (m->tensors[i].expert_stride >= AUTO_LOAD_PAGE_CACHE_SLICE_BYTES) {
-            return false;
-        }
+        largest = m->tensors[i].expert_stride > largest ? m->tensors[i].expert_stride : largest;
     }
-    return true;
+    return largest;
+}
+
+bool guanaco_auto_load_is_direct(const struct guanaco_manifest *m) {
+    return guanaco_largest_expert_slice(m) < AUTO_LOAD_PAGE_CACHE_SLICE_BYTES;
 }
 
 uint64_t guanaco_read_ahead_allowance(uint64_t budget_bytes) {

@@ -340,7 +340,6 @@ static uint64_t automatic_budget(struct guanaco_engine *engine, bool keeps_spare
     guanaco_auto_budget(memory, m, 0, false, keeps_spares, &rule);
     uint64_t margin = rule.margin, budget = rule.budget;
     engine->auto_memory = memory;
-    engine->auto_keeps_spares = keeps_spares;
     char margin_rule[32];
     guanaco_auto_budget_margin_rule(false, margin_rule, sizeof(margin_rule));
     char spares[64];
@@ -377,8 +376,11 @@ void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes)
     if (!engine->residency || engine->options.ram_bytes || !engine->auto_memory) {
         return;
     }
+    struct guanaco_residency_stats st; /* the load the residency runs: direct may have fallen back at its start */
+    guanaco_residency_get_stats(engine->residency, &st);
     struct guanaco_auto_budget rule;
-    guanaco_auto_budget(engine->auto_memory, &engine->manifest, contexts, true, engine->auto_keeps_spares, &rule);
+    guanaco_auto_budget(engine->auto_memory, &engine->manifest, contexts, true, st.load == GUANACO_RESIDENCY_LOAD_DIRECT,
+                        &rule);
     uint64_t margin = rule.margin, budget = rule.budget;
     guanaco_residency_set_budget(engine->residency, budget);
     update_holds_every_expert(engine);
@@ -573,12 +575,8 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     const bool direct = o->load == GUANACO_LOAD_DIRECT || (o->load == GUANACO_LOAD_AUTO && guanaco_auto_load_is_direct(m));
     enum guanaco_residency_load load = direct ? GUANACO_RESIDENCY_LOAD_DIRECT : GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
     if (o->load == GUANACO_LOAD_AUTO) {
-        uint64_t largest = 0;
-        for (size_t i = 0; i < m->n_tensors; i++) {
-            largest = m->tensors[i].expert_stride > largest ? m->tensors[i].expert_stride : largest;
-        }
         guanaco_log_info("--guanaco-load auto: %s (the largest expert slice is %.1f MiB; %s)",
-                         direct ? "direct" : "page-cache", (double)largest / 1048576.0,
+                         direct ? "direct" : "page-cache", (double)guanaco_largest_expert_slice(m) / 1048576.0,
                          direct ? "under 4 MiB, direct loading decoded faster" :
                                   "4 MiB or more, which page-cache loading maps in 2 MiB folios");
     }

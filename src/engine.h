@@ -60,7 +60,6 @@ struct guanaco_engine {
     struct guanaco_read_ahead_throttle throttle[2]; /* decode, prompt ubatches; under predictor_lock */
     bool prompt_read_ahead;                    /* page-cache loading: a prompt reads the next layer ahead */
     uint64_t auto_memory;                      /* --guanaco-ram auto: the memory it divides; 0 otherwise */
-    bool auto_keeps_spares;                    /* --guanaco-ram auto left room for direct loading's spare copies */
     _Atomic int64_t context_bytes;             /* host KV cache and compute buffers of the live contexts */
     char **guarded_mappings;                   /* per shard: the mapping mapping_guard watches, or NULL */
     _Atomic bool holds_every_expert;           /* guanaco_engine_needs_router_ids: false while this holds */
