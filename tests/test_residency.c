@@ -1450,6 +1450,110 @@ static void test_streaming_frees_spares(const struct model *m, enum guanaco_io_b
     guanaco_residency_destroy(r);
 }
 
+/* The mappings of /proc/self/maps, in address order; how many are written to `out`, or -1. */
+static int read_mappings(uintptr_t (*out)[2], int capacity) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) {
+        return -1;
+    }
+    int n = 0;
+    unsigned long start, end;
+    char line[4096];
+    while (n < capacity && fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "%lx-%lx", &start, &end) == 2) {
+            out[n][0] = start;
+            out[n][1] = end;
+            n++;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+/*
+ * DIRECT: llama.cpp maps the file through its own descriptor, and the engine
+ * maps evicted ranges back through the one it was given. Once the churn of
+ * decoding has placed and evicted copies all over, every run of experts that
+ * are not resident must still lie inside one mapping, so that a prompt's 2 MiB
+ * folios there can be mapped whole. Before the engine took the expert ranges
+ * over at create, an evicted slice stayed a mapping of its own beside
+ * llama.cpp's.
+ */
+static void test_direct_mappings_merge(enum guanaco_io_backend io) {
+    struct model sm;
+    if (make_model(&sm, 3, "merge") != 0) {
+        CHECK(!"merge model written");
+        return;
+    }
+    const struct model *m = &sm;
+    int llama_fd = open(m->path, O_RDONLY);
+    CHECK(llama_fd >= 0);
+    CHECK(mmap((void *)(uintptr_t)m->map, m->size, PROT_READ, MAP_SHARED | MAP_FIXED, llama_fd, 0) == m->map);
+    close(llama_fd);
+    const uint64_t all = EXPERT_BYTES * N_EXPERT * m->n_layer;
+    struct guanaco_residency_config config = config_of(m, all / 4, 0, GUANACO_POLICY_LRU, io);
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        free_model(&sm);
+        return;
+    }
+    int32_t ids[N_LAYER][2];
+    uint64_t token = 0;
+    for (; token < 24; token++) {
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            ids[l][0] = (int32_t)(next_random() % N_EXPERT);
+            ids[l][1] = (int32_t)((ids[l][0] + 1 + next_random() % (N_EXPERT - 1)) % N_EXPERT);
+            CHECK(prepare(m, r, l, ids[l], 2, token) == 0);
+        }
+    }
+    /* calls that hit only: the last evictions' copies are gone after them */
+    for (int again = 0; again < 2; again++, token++) {
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            CHECK(prepare(m, r, l, ids[l], 2, token) == 0);
+        }
+    }
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.load == GUANACO_RESIDENCY_LOAD_DIRECT && st.evictions > 0);
+    static uintptr_t maps[65536][2];
+    int n_maps = read_mappings(maps, 65536);
+    CHECK(n_maps > 0);
+    int runs = 0, split_runs = 0;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        for (uint32_t t = 0; t < N_TENSOR; t++) {
+            const struct guanaco_residency_tensor *tensor = &m->tensors[l][t];
+            for (uint32_t e = 0; e < N_EXPERT;) {
+                if (guanaco_residency_is_resident(r, l, e)) {
+                    e++;
+                    continue;
+                }
+                uint32_t first = e;
+                while (e < N_EXPERT && !guanaco_residency_is_resident(r, l, e)) {
+                    e++;
+                }
+                uintptr_t a = page_up((uintptr_t)tensor->mapped + (uint64_t)first * tensor->expert_stride);
+                uintptr_t b = page_down((uintptr_t)tensor->mapped + (uint64_t)e * tensor->expert_stride);
+                if (a >= b) {
+                    continue;
+                }
+                runs++;
+                int k = 0;
+                while (k < n_maps && maps[k][1] <= a) {
+                    k++;
+                }
+                if (k == n_maps || maps[k][0] > a || maps[k][1] < b) {
+                    split_runs++;
+                }
+            }
+        }
+    }
+    printf("  direct: %d runs of non-resident experts, %d of them across mappings\n", runs, split_runs);
+    CHECK(runs > 0 && split_runs == 0);
+    guanaco_residency_destroy(r);
+    free_model(&sm);
+}
+
 /* Every expert resident under a budget that keeps them all (the hook then stops reading the router's ids):
    not before the last expert is in, not with a byte less of budget, again once the budget is back. */
 static void test_holds_every_expert(const struct model *m, enum guanaco_io_backend io) {
@@ -1958,6 +2062,7 @@ int main(void) {
         overlap_layer = false;
         if (load_mode == GUANACO_RESIDENCY_LOAD_DIRECT) {
             test_streaming_frees_spares(&m, io);
+            test_direct_mappings_merge(io);
         }
         /* read-ahead, right and wrong, then a prompt-sized batch with a tight budget (DIRECT: into copies) */
         run_prefetch_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 10, 1, 4, 3);
