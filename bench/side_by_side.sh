@@ -197,17 +197,19 @@ READAHEAD=$(cat "/sys/dev/block/$DEVNUM/queue/read_ahead_kb" 2>/dev/null ||
 model_cached() { fincore --bytes --noheadings --output RES "$MODEL" | tr -d ' '; }
 
 # prompt_columns ERR: "bytes stall_ms_per_token" of the measured prompt, from a run's status lines, or nothing.
-# llama-bench prints one status line per ubatch, in this order: the warmup prompt's k = ceil(PROMPT / UBATCH)
-# lines, the measured prompt's k, then (with TOKENS > 0) the decode warmup's one and the measured decode's TOKENS.
-# A line counts the tokens that reached the last MoE layer, which keeps only the rows that give logits (one in a
-# prompt's last ubatch), so the lines are told apart by position, and only when there are exactly that many.
+# llama-bench prints status lines in this order: the warmup prompt's, the measured prompt's, then (with TOKENS > 0)
+# the decode warmup's one and the measured decode's TOKENS. A line counts the tokens that reached the last MoE
+# layer, which keeps only the rows that give logits (one in a prompt's last ubatch): a prompt of k = ceil(PROMPT /
+# UBATCH) ubatches prints one line for all of them (seen with 1024 tokens, k = 2), or k where each ubatch gives a
+# row. The lines are told apart by position, and only when there are exactly 2 + or 2k + the decode's.
 # Stall per prompt token: each line's stall per token times its tokens, over PROMPT.
 prompt_columns() {
     grep -h 'guanaco: status at token' "$1" |
         sed -n 's/.*status at token [0-9]*: \([0-9]*\) tokens,.* \([0-9.]*\) GiB read at.*stall \([0-9.]*\) ms\/token.*/\1 \2 \3/p' |
         awk -v p="$PROMPT" -v ub="$UBATCH" -v tg="$TOKENS" '{ n++; t[n] = $1; g[n] = $2; s[n] = $3 }
             END { k = int((p + ub - 1) / ub); after = tg > 0 ? tg + 1 : 0
-                  if (n != 2 * k + after) exit
+                  if (n == 2 + after) k = 1
+                  else if (n != 2 * k + after) exit
                   for (i = k + 1; i <= 2 * k; i++) { gib += g[i]; st += s[i] * t[i] }
                   printf "%.0f %.1f\n", gib * 1073741824, st / p }' || true
 }
