@@ -669,6 +669,20 @@ static void advise_random(const struct guanaco_residency *r) {
     }
 }
 
+/* Maps t's file bytes [start, end) (page-aligned) over their place in the mapping, from our own descriptor. */
+static int map_file_range(struct guanaco_residency *r, const struct tensor *t, uint64_t start, uint64_t end) {
+    void *at = (void *)(uintptr_t)address_of(t, start);
+    void *mapped = mmap(at, end - start, PROT_READ, MAP_SHARED | MAP_FIXED, t->fd, (off_t)start);
+    if (mapped == MAP_FAILED) {
+        int err = -errno;
+        guanaco_log_error("residency: mapping %s bytes %llu..%llu from the file: %s", r->shards[t->shard].name,
+                          (unsigned long long)start, (unsigned long long)end, strerror(-err));
+        return err;
+    }
+    (void)madvise(mapped, end - start, MADV_RANDOM); /* a new mapping starts without the advice; see create */
+    return 0;
+}
+
 /*
  * LOAD_DIRECT maps each expert tensor's pages again from our own descriptor
  * before any copy is placed. Evicting a copy maps the file back from that
@@ -682,14 +696,8 @@ static void advise_random(const struct guanaco_residency *r) {
 static int map_experts_from_own_descriptor(struct guanaco_residency *r) {
     for (uint32_t i = 0; i < r->n_tensors; i++) {
         const struct tensor *t = &r->tensors[i];
-        uint64_t start = t->begin - t->begin % r->page, end = page_up(r, t->end);
-        void *at = (void *)(uintptr_t)address_of(t, start);
-        void *mapped = mmap(at, end - start, PROT_READ, MAP_SHARED | MAP_FIXED, t->fd, (off_t)start);
-        if (mapped == MAP_FAILED) {
-            int err = -errno;
-            guanaco_log_error("residency: mapping %s bytes %llu..%llu from our own descriptor: %s",
-                              r->shards[t->shard].name, (unsigned long long)start, (unsigned long long)end,
-                              strerror(-err));
+        int err = map_file_range(r, t, page_down(r, t->begin), page_up(r, t->end));
+        if (err) {
             return err;
         }
     }
@@ -1112,15 +1120,7 @@ static int restore_file_pages(struct guanaco_residency *r, const struct tensor *
     if (!r->shared) {
         keep_spare(r, at, end - start); /* leaves the range unmapped until the mmap below */
     }
-    void *mapped = mmap(at, end - start, PROT_READ, MAP_SHARED | MAP_FIXED, t->fd, (off_t)start);
-    if (mapped == MAP_FAILED) {
-        int err = -errno;
-        guanaco_log_error("residency: mapping %s bytes %llu..%llu back: %s", r->shards[t->shard].name,
-                          (unsigned long long)start, (unsigned long long)end, strerror(-err));
-        return err;
-    }
-    (void)madvise(mapped, end - start, MADV_RANDOM); /* a new mapping starts without the advice; see create */
-    return 0;
+    return map_file_range(r, t, start, end);
 }
 
 /* Whether no expert held in `layer` has bytes on the arena page at arena offset `page`. */
