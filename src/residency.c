@@ -766,9 +766,8 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     err = err ? err : add_layers(r, config);
     err = err ? err : choose_load(r, config);
     if (!err && r->load == GUANACO_RESIDENCY_LOAD_DIRECT) {
-        err = map_experts_from_own_descriptor(r);
-    }
-    if (!err) {
+        err = map_experts_from_own_descriptor(r); /* its new mappings carry the advice already */
+    } else if (!err) {
         advise_random(r);
     }
     /* PAGE_CACHE: the matmuls fault the pages in. DIRECT places whole copies, so the matmuls ask for each

@@ -1522,7 +1522,6 @@ static void test_direct_mappings_merge(enum guanaco_io_backend io) {
     int runs = 0, split_runs = 0;
     for (uint32_t l = 0; l < m->n_layer; l++) {
         for (uint32_t t = 0; t < N_TENSOR; t++) {
-            const struct guanaco_residency_tensor *tensor = &m->tensors[l][t];
             for (uint32_t e = 0; e < N_EXPERT;) {
                 if (guanaco_residency_is_resident(r, l, e)) {
                     e++;
@@ -1532,8 +1531,8 @@ static void test_direct_mappings_merge(enum guanaco_io_backend io) {
                 while (e < N_EXPERT && !guanaco_residency_is_resident(r, l, e)) {
                     e++;
                 }
-                uintptr_t a = page_up((uintptr_t)tensor->mapped + (uint64_t)first * tensor->expert_stride);
-                uintptr_t b = page_down((uintptr_t)tensor->mapped + (uint64_t)e * tensor->expert_stride);
+                uintptr_t a = page_up((uintptr_t)m->map + slice_begin(m, l, t, first));
+                uintptr_t b = page_down((uintptr_t)m->map + slice_begin(m, l, t, e));
                 if (a >= b) {
                     continue;
                 }
