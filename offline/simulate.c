@@ -155,15 +155,16 @@ void guanaco_pipeline_layer_time(const struct guanaco_layer_reads *reads, double
     double waited_seconds = waited_bytes / bytes_per_second;
     /* the previous call's drops run on the calling thread while this call's reads are on the disk */
     out->stall_seconds = (waited_seconds > reads->drop_seconds ? waited_seconds : reads->drop_seconds) +
-                         reads->drop_serial_seconds;
+                         reads->drop_serial_seconds + reads->map_seconds;
     double compute = reads->compute_seconds + reads->kernel_seconds;
     out->overlapped_seconds = compute + out->stall_seconds;
     if (reads->overlap_layer) {
         double busy = reads->drop_seconds + compute;
-        out->overlapped_seconds = (busy > waited_seconds ? busy : waited_seconds) + reads->drop_serial_seconds;
+        out->overlapped_seconds =
+            (busy > waited_seconds ? busy : waited_seconds) + reads->drop_serial_seconds + reads->map_seconds;
         out->stall_seconds = out->overlapped_seconds - compute;
     }
-    out->serial_seconds = compute + ((double)reads->demand_bytes + used) / bytes_per_second;
+    out->serial_seconds = compute + ((double)reads->demand_bytes + used) / bytes_per_second + reads->map_seconds;
     out->hidden_bytes = used * (1 - undone);
 }
 
@@ -194,6 +195,7 @@ struct pipeline_run {
     struct pipeline_ahead ahead;
     bool *stream_ahead;      /* n_layer: the layer was read ahead as a streamed one, so its next call streams */
     uint64_t pending_drop_bytes; /* victims (4 KiB folios) whose pages the next call drops while it reads */
+    uint64_t pending_evict_bytes; /* direct: victims of a read-ahead, evicted before the next layer's call */
 };
 
 static int pipeline_evict(struct pipeline_run *run, uint32_t protect_layer, uint64_t *evictions,
@@ -266,7 +268,8 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
         run->stream_ahead[next] = true;
     }
     guanaco_policy_set_reserve(run->policy, wanted * expert_bytes);
-    int err = pipeline_evict(run, layer, evictions, &run->pending_drop_bytes);
+    int err = pipeline_evict(run, layer, evictions,
+                             run->config->load_direct ? &run->pending_evict_bytes : &run->pending_drop_bytes);
     uint64_t used = guanaco_policy_resident_bytes(run->policy);
     size_t fits = used < run->budget ? (size_t)((run->budget - used) / expert_bytes) : 0;
     wanted = fits < wanted ? fits : wanted;
@@ -275,7 +278,7 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
                                          .window_seconds = compute_seconds, .n = wanted,
                                          .bytes = wanted * expert_bytes};
     run->ahead.streamed = streamed;
-    if (!streamed) {
+    if (!streamed && !run->config->load_direct) {
         uint32_t cores = run->config->cpu_cores ? run->config->cpu_cores : 1;
         run->ahead.kernel_seconds = (double)run->ahead.bytes * run->config->read_cpu_seconds_per_byte / cores;
     }
@@ -290,6 +293,7 @@ static void add_time(struct guanaco_pipeline_phase *phase, const struct guanaco_
     phase->compute_seconds += reads->compute_seconds;
     phase->kernel_seconds += reads->kernel_seconds;
     phase->drop_seconds += reads->drop_seconds + reads->drop_serial_seconds;
+    phase->map_seconds += reads->map_seconds;
     phase->demand_bytes += reads->demand_bytes;
     phase->ahead_bytes += reads->ahead_bytes;
     phase->ahead_used_bytes += reads->ahead_used_bytes;
@@ -320,7 +324,8 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
     if (!policy_config || !config || check_rows(trace, rows) != 0 || !(config->bytes_per_second > 0) ||
         !(config->prompt_bytes_per_second >= 0) || !(config->token_seconds >= 0) ||
         !(config->prompt_token_seconds >= 0) || !(config->read_cpu_seconds_per_byte >= 0) ||
-        !(config->drop_cpu_seconds_per_byte >= 0)) {
+        !(config->drop_cpu_seconds_per_byte >= 0) || !(config->map_cpu_seconds_per_byte >= 0) ||
+        !(config->evict_cpu_seconds_per_byte >= 0)) {
         return -EINVAL;
     }
     struct pipeline_run run = {.trace = trace, .rows = rows, .config = config, .budget = policy_config->budget_bytes};
@@ -443,8 +448,13 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
         };
         /* The engine drops this call's victims during the next call's reads, except the last MoE layer's, which
            go at once (between tokens only the budget is cached); a streamed call's own misses (4 KiB folios)
-           go with the next call too. */
-        if (layer == run.last_moe_layer) {
+           go with the next call too. Direct copies are placed after their reads and evicted at once. */
+        if (config->load_direct) {
+            reads.map_seconds = stream ? 0 : (double)(n_missing * expert_bytes) * config->map_cpu_seconds_per_byte;
+            reads.drop_serial_seconds =
+                (double)(victim_bytes + run.pending_evict_bytes) * config->evict_cpu_seconds_per_byte;
+            run.pending_evict_bytes = 0;
+        } else if (layer == run.last_moe_layer) {
             reads.drop_serial_seconds = (double)victim_bytes * config->drop_cpu_seconds_per_byte;
         } else {
             run.pending_drop_bytes += victim_bytes;
@@ -452,8 +462,8 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
         if (stream) {
             run.pending_drop_bytes += reads.demand_bytes;
         }
-        if (run.ahead.active && !run.ahead.streamed) {
-            /* wrong guesses in 4 KiB folios: the engine drops them with the next call */
+        if (run.ahead.active && !run.ahead.streamed && !config->load_direct) {
+            /* wrong guesses in 4 KiB folios: the engine drops them with the next call (direct frees its copies) */
             run.pending_drop_bytes += claimed ? run.ahead.bytes - reads.ahead_used_bytes : run.ahead.bytes;
         }
         replay->requests++;

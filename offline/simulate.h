@@ -77,14 +77,16 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  *   compute = its share of the compute + kernel          kernel: CPU time of the read-ahead issued at the
  *                                                          previous layer in 4 KiB folios, taken from the
  *                                                          cores compute runs on (read CPU / cores)
+ *   map     = direct loading only: CPU time of placing the layer's loaded copies, after their reads
+ *   stall  += map
  *   overlapped time = stall + compute
- *   serial time     = (demand + ahead_used) / B + compute (the same layer without read-ahead)
+ *   serial time     = (demand + ahead_used) / B + map + compute (the same layer without read-ahead)
  *
  * With overlap_layer (the engine's --guanaco-overlap-layer, off by default) the
  * call returns once its reads are issued and its drops done, and the layer
  * computes while the reads land, waiting only where it reaches a page still
  * reading:
- *   overlapped time = max(drop + compute, waited) + drop_serial
+ *   overlapped time = max(drop + compute, waited) + drop_serial + map
  *   stall           = overlapped time - compute
  * which assumes the matmuls keep pace with the disk in the order it reads
  * (the reads go in the order MUL_MAT_ID takes them); the layer's last read
@@ -106,6 +108,17 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  * whole layer. Streamed read-ahead goes through 2 MiB folios, whose kernel
  * CPU is about 20x less than 4 KiB folios' (bench/PIPELINE.md), so it is not
  * charged; a streamed call's own misses (4 KiB folios) are charged to drop.
+ *
+ * Direct loading (the engine's --guanaco-load direct) reads a call's misses
+ * and its read-ahead with O_DIRECT into anonymous copies: no 4 KiB folios,
+ * so neither read CPU nor drops are charged for them. Instead each loaded
+ * copy costs map CPU per byte once its read is done (the move into the
+ * mapping and the partial pages at the slice's ends), and every victim costs
+ * evict CPU per byte at once, on the thread that computes (the file mapped
+ * back over it); the victims of a read-ahead are charged to the next layer.
+ * Streamed calls go through the page cache as with page-cache loading. Both
+ * rates are inputs measured from the engine's status lines
+ * ("mapping" and "eviction" ms), not derived here.
  *
  * The CPU costs are per byte in 4 KiB folios, measured with /proc/stat
  * (bench/PIPELINE.md: WILLNEED + MADV_POPULATE_READ about 0.28 CPU-s per GB,
@@ -131,6 +144,7 @@ struct guanaco_layer_reads {
     double kernel_seconds;      /* CPU the read-ahead's kernel work took from this layer's compute; 0 = none */
     double drop_seconds;        /* CPU time of the previous call's drops, run while this layer's reads run */
     double drop_serial_seconds; /* CPU time of drops after this layer's reads (the last MoE layer's victims) */
+    double map_seconds;         /* direct loading: CPU time of placing this layer's loaded copies, after their reads */
     bool overlap_layer;         /* the layer computes while its reads land (--guanaco-overlap-layer) */
 };
 
@@ -164,6 +178,10 @@ struct guanaco_pipeline_config {
     double read_cpu_seconds_per_byte;      /* kernel CPU to read a byte ahead into 4 KiB folios; 0 = free */
     double drop_cpu_seconds_per_byte;      /* kernel CPU to drop a byte of 4 KiB folios; 0 = free */
     uint32_t cpu_cores;                    /* cores compute runs on, which read-ahead's kernel CPU shares; 0 = 1 */
+    bool load_direct;                      /* --guanaco-load direct: calls read into anonymous copies (O_DIRECT, no
+                                              folios to charge), placed after their reads and evicted at once */
+    double map_cpu_seconds_per_byte;       /* direct: CPU to place a loaded byte in the mapping; 0 = free */
+    double evict_cpu_seconds_per_byte;     /* direct: CPU to evict a byte (the file mapped back over it); 0 = free */
     double token_seconds;                  /* compute of one decode token (a pass of one token), >= 0 */
     double prompt_token_seconds;           /* compute of one token of a pass of several tokens, >= 0 */
 };
@@ -173,6 +191,7 @@ struct guanaco_pipeline_phase {
     uint64_t passes, tokens;               /* timed ones */
     double serial_seconds, overlapped_seconds, stall_seconds, compute_seconds;
     double kernel_seconds, drop_seconds;   /* the CPU charges above, summed (drop: all of it, hidden or not) */
+    double map_seconds;                    /* direct loading's placing of copies, summed */
     uint64_t demand_bytes, ahead_bytes, ahead_used_bytes;
     uint64_t streamed_passes;              /* timed passes with at least one streamed call */
     double hidden_bytes;

@@ -6,17 +6,11 @@
 # by the tool), the CSV has one row per (policy, budget), the PNG is drawn
 # when gnuplot exists and skipped cleanly when it does not, and a trace of
 # another shape or a bad budget is refused with a message. --predictor: the
-# pilot predictor's recall is a fraction that grows with the mass, and (on
-# guanaco-tracegen traces) is higher where each layer's routing follows the
-# previous layer's than where it does not. The pipeline's timing: on traces
-# whose times are worked out by hand, a layer read ahead in full takes
-# max(compute, reads), one with nothing read ahead their sum, and a prompt
-# ubatch reads the whole next layer ahead; a streamed prompt leaves nothing
-# resident (with --stream-prompts off a second prompt only computes); a
-# prompt is timed at --prompt-disk-gbps; a victim's drop (--drop-cpu-s-per-gb)
-# hides under the next call's reads where shorter, and read-ahead's kernel CPU
-# (--read-cpu-s-per-gb over --cpu-cores) slows the compute it overlaps.
-# Env: SIM, TRACE_CONVERT, SHARED_DIR, WORKDIR; TRACEGEN for the synthetic predictor checks.
+# pilot predictor's recall is a fraction that grows with the mass, and each
+# MoE layer gets one with --verbose. What needs no recorded routing (--model,
+# the pipeline's timing, the predictor on synthetic traces) is
+# test_sim_pipeline.sh's, which runs in a fresh clone.
+# Env: SIM, TRACE_CONVERT, SHARED_DIR, WORKDIR.
 set -u
 : "${SIM:?}" "${TRACE_CONVERT:?}" "${WORKDIR:?}"
 traces="${SHARED_DIR:-}/traces/mixtral-8x7b"
@@ -116,166 +110,6 @@ status=$?
 [ "$status" -eq 0 ] && [ "$(echo "$one" | awk '$1 == "belady" { print $2, $5 }' | sort -u | wc -l)" -eq 1 ]
 check "budget 1e equals 12.5% on 8 experts" $? "$one"
 
-# --model: expert bytes from a GGUF. A synthetic qwen3moe of 4 layers x 8 experts, top-2, 64 x 64 experts
-# in Q8_0 holds 3 * 64 * 64 * 34/32 = 13056 bytes per expert, 417792 in all.
-if [ -n "${MKMODEL:-}" ]; then
-    "$MKMODEL" --arch qwen3moe --n-layer 4 --n-embd 64 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --quant Q8_0 \
-        -o "$W/tiny.gguf" >"$W/mkmodel.log" 2>&1
-    check "synthetic qwen3moe written" $? "$(cat "$W/mkmodel.log")"
-    awk 'BEGIN { for (t = 0; t < 50; t++) for (l = 0; l < 4; l++) {
-        a = (t * 3 + l) % 8; b = (a + 1 + t % 7) % 8
-        printf "{\"dataset\": \"d\", \"problem_id\": 0, \"layer\": %d, \"experts\": [%d, %d], \"token_idx\": %d}\n", l, a, b, t
-    } }' >"$W/tiny.jsonl"
-    "$TRACE_CONVERT" "$W/tiny.jsonl" "$W/tiny.trace" --arch qwen3moe >/dev/null 2>&1
-    check "synthetic trace converts" $? ""
-    model=$("$SIM" --trace "$W/tiny.trace" --model "$W/tiny.gguf" --budgets 100% --policies all --csv "$W/tiny.csv" 2>&1)
-    check "guanaco-sim --model runs" $? "$model"
-    bad_rows=$(awk -F, 'NR > 1 && ($3 != 417792 || $8 != 32)' "$W/tiny.csv" 2>&1)
-    [ -z "$bad_rows" ] && [ "$(awk 'NR > 1' "$W/tiny.csv" | wc -l)" -eq 5 ]
-    check "--model: 100% is 417792 bytes of experts, and leaves the 32 compulsory misses" $? "$bad_rows"
-    mismatch=$("$SIM" --trace "$W/humaneval.trace" --model "$W/tiny.gguf" 2>&1)
-    status=$?
-    [ "$status" -ne 0 ] && echo "$mismatch" | grep -q "refusing to replay"
-    check "Mixtral trace on the 4-layer model is refused" $? "status $status: $mismatch"
-else
-    echo "MKMODEL not set: the --model checks are skipped"
-fi
-
-# The pipeline's timing (offline/simulate.h), on the tiny model: 4 MoE layers of 8 experts, top-2, E = 13056 bytes
-# per expert. Traces written in the engine's recorded format (docs/TRACE.md) by perl, so a prompt ubatch keeps
-# its rows together. Expected times are computed here by hand, not by the tool.
-# write_trace OUT SPEC: SPEC lines "sequence token layer id id", in file order.
-write_trace() {
-    perl -e 'open(my $out, ">", $ARGV[0]) or die; binmode $out;
-        print $out pack("a8 V V V V a32 a64", "GNCTRACE", 1, 4, 8, 2, "qwen3moe", "test_sim pipeline");
-        while (<STDIN>) { my ($s, $t, $l, $a, $b) = split; print $out pack("V V V v v f< f<", $t, $s, $l, $a, $b, 0, 0) }
-        close($out) or die' "$1"
-}
-# overlap_of OUT PHASE: "serial overlapped" tok/s of the layer-lru line of PHASE in the pipeline table
-overlap_of() { echo "$1" | awk -v ph="$2" '$1 == "layer-lru" && $3 == ph { print $6, $7 }'; }
-if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
-    # Decode: 9 tokens, each routing layer l to experts 2l and 2l+1. Budget 1e (4 experts in all): every layer
-    # misses both experts each token. From token 1 pilot has learnt each transition (probability 1), so layers
-    # 1-3 are read ahead during the previous layer's compute and layer 0 is read on demand. --warmup 1 leaves
-    # tokens 1-8 timed. Reads of one layer: 2E at 261120 B/s = 100 ms.
-    awk 'BEGIN { for (t = 0; t < 9; t++) for (l = 0; l < 4; l++) print 0, t, l, 2 * l, 2 * l + 1 }' | write_trace "$W/decode.trace"
-    check "decode trace written" $? ""
-    # (--overlap-layer off here and below: a layer waits for its own reads before it computes; the overlap is
-    # checked on its own after these)
-    timing="--model $W/tiny.gguf --budgets 1e --policies layer-lru --disk-gbps 0.00026112 --warmup 1 --overlap-layer off"
-    for compute in 200 800; do
-        pout=$("$SIM" --trace "$W/decode.trace" $timing --compute-ms $compute --predictor pilot 2>&1)
-        check "guanaco-sim times decode at $compute ms per token" $? "$pout"
-        got=$(overlap_of "$pout" decode)
-        # C = compute / 4 layers; layer 0: 100 + C; layers 1-3: max(C, 100); serial: 4 * (100 + C)
-        want=$(awk -v c=$compute 'BEGIN { c /= 4; o = 100 + c + 3 * (c > 100 ? c : 100); s = 4 * (100 + c)
-            printf "%.2f %.2f", 1000 / s, 1000 / o }')
-        [ -n "$got" ] && [ "$got" = "$want" ]
-        check "every read guessed right: layers 1-3 take max(compute, reads), serial the sum ($compute ms)" $? \
-            "got '$got', want '$want' (serial overlapped)"
-        echo "$pout" | awk '$1 == "layer-lru" && $3 == "decode" && $4 == 8 && $5 == 8 { ok = 1 } END { exit !ok }'
-        check "--warmup 1: 8 of 9 decode passes timed" $? "$pout"
-    done
-    # A budget of 2 experts: the computing layer only, so every layer misses both experts every token.
-    pout=$("$SIM" --trace "$W/decode.trace" $timing --compute-ms 200 --budgets 26112 2>&1)
-    got=$(overlap_of "$pout" decode)
-    [ "$got" = "1.67 1.67" ]
-    check "nothing read ahead (no --predictor): time = compute + reads, 4 * (50 + 100) ms per token" $? \
-        "got '$got'; $pout"
-    csv_overlap=$("$SIM" --trace "$W/decode.trace" $timing --compute-ms 200 --predictor pilot --csv "$W/pipe.csv" \
-        >/dev/null 2>&1; awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
-        $1 == "layer-lru" { printf "%.3f", $c["decode_overlap_tokens_per_second"] }' "$W/pipe.csv")
-    [ "$csv_overlap" = "2.222" ]
-    check "CSV: decode_overlap_tokens_per_second 1000 / 450 ms" $? "got '$csv_overlap'"
-
-    # A prompt: one ubatch of 8 rows, row r routing every layer to r and r+1 (mod 8): all 8 experts of each
-    # layer, at least 3/4, so the engine reads the whole next layer ahead. Budget 4e (16 experts) holds the
-    # computing layer and the next one. Reads of a layer: 8E at 1044480 B/s = 100 ms; compute 25 ms per
-    # prompt token, 8 tokens: 50 ms per layer. Layer 0: 100 + 50; layers 1-3: 50 + (100 - 50).
-    awk 'BEGIN { for (l = 0; l < 4; l++) for (r = 0; r < 8; r++) print 0, r, l, r, (r + 1) % 8 }' | write_trace "$W/prompt.trace"
-    check "prompt trace written" $? ""
-    prompt="--model $W/tiny.gguf --budgets 4e --policies layer-lru --disk-gbps 0.00104448 --compute-ms 1000 --prompt-compute-ms 25 --overlap-layer off"
-    pout=$("$SIM" --trace "$W/prompt.trace" $prompt --ubatches --predictor pilot 2>&1)
-    got=$(overlap_of "$pout" prompt)
-    # serial 4 * 150 = 600 ms, overlapped 150 + 3 * 100 = 450 ms, for 8 tokens
-    [ "$got" = "13.33 17.78" ]
-    check "prompt ubatch: the whole next layer read ahead, layers 1-3 take max(compute, reads)" $? "got '$got'; $pout"
-    pout=$("$SIM" --trace "$W/prompt.trace" $prompt --ubatches 2>&1)
-    [ "$(overlap_of "$pout" prompt)" = "13.33 13.33" ]
-    check "prompt ubatch without a predictor: nothing read ahead, the sum" $? "$pout"
-    pout=$("$SIM" --trace "$W/prompt.trace" $prompt --predictor pilot 2>&1)
-    echo "$pout" | awk '$1 == "layer-lru" && $3 == "decode" && $5 == 8 { ok = 1 } $3 == "prompt" { bad = 1 }
-        END { exit !(ok && !bad) }'
-    check "without --ubatches every token is its own pass: 8 decode tokens, no prompt" $? "$pout"
-
-    # Streamed prompts (--stream-prompts, on by default as in the engine): a call that needs half of its layer
-    # or more uses its reads once, so the policy never admits them. Two prompt ubatches of the same 8 rows in
-    # one sequence, the first a warmup; budget 8e holds the whole model (32 experts). No predictor, so every
-    # read is demand: 8E at 1044480 B/s = 100 ms per layer, compute 50 ms per layer (25 ms x 8 tokens / 4).
-    awk 'BEGIN { for (u = 0; u < 2; u++) for (l = 0; l < 4; l++) for (r = 0; r < 8; r++) print 0, 8 * u + r, l, r, (r + 1) % 8 }' |
-        write_trace "$W/prompt2.trace"
-    check "two-prompt trace written" $? ""
-    twice="--model $W/tiny.gguf --budgets 8e --policies layer-lru --compute-ms 1000 --prompt-compute-ms 25 --ubatches --warmup 1 --overlap-layer off"
-    pout=$("$SIM" --trace "$W/prompt2.trace" $twice --disk-gbps 0.00104448 2>&1)
-    [ "$(overlap_of "$pout" prompt)" = "13.33 13.33" ]
-    check "streamed prompt: nothing admitted, the second prompt reads every layer again, 4 * (100 + 50) ms" $? "$pout"
-    echo "$pout" | awk '$1 == "layer-lru" && $3 == "prompt" && $NF == 1 { ok = 1 } END { exit !ok }'
-    check "streamed prompt: the timed pass is counted as streamed" $? "$pout"
-    pout=$("$SIM" --trace "$W/prompt2.trace" $twice --disk-gbps 0.00104448 --stream-prompts off 2>&1)
-    [ "$(overlap_of "$pout" prompt)" = "40.00 40.00" ]
-    check "--stream-prompts off: the first prompt's reads stay, the second only computes, 4 * 50 ms" $? "$pout"
-    # A disk rate for prompts: decode's is half of it, and the prompt is timed with its own.
-    pout=$("$SIM" --trace "$W/prompt2.trace" $twice --disk-gbps 0.00052224 --prompt-disk-gbps 0.00104448 2>&1)
-    [ "$(overlap_of "$pout" prompt)" = "13.33 13.33" ]
-    check "--prompt-disk-gbps times the prompt's reads, 4 * (100 + 50) ms" $? "$pout"
-    pout=$("$SIM" --trace "$W/prompt2.trace" $twice --disk-gbps 0.00052224 2>&1)
-    [ "$(overlap_of "$pout" prompt)" = "8.00 8.00" ]
-    check "without it the prompt reads at --disk-gbps, 4 * (200 + 50) ms" $? "$pout"
-
-    # The kernel's CPU. Budget of 2 experts, no predictor: every call misses its 2 experts (100 ms) and evicts
-    # the previous layer's 2 (victims 2E = 26112 B). The engine drops them during the next call's reads, so a
-    # layer waits max(100, D); the last MoE layer drops its own at once, + D. Layer 0 finds nothing pending.
-    # Per token: 4 * 50 + 100 + 3 * max(100, D) + D.
-    drops="--model $W/tiny.gguf --budgets 26112 --policies layer-lru --disk-gbps 0.00026112 --warmup 1 --compute-ms 200 --overlap-layer off"
-    for case in "1914.83 50" "5744.49 150"; do
-        read -r per_gb d <<<"$case"
-        pout=$("$SIM" --trace "$W/decode.trace" $drops --drop-cpu-s-per-gb "$per_gb" 2>&1)
-        got=$(overlap_of "$pout" decode | cut -d' ' -f2)
-        want=$(awk -v d="$d" 'BEGIN { printf "%.2f", 1000 / (200 + 100 + 3 * (d > 100 ? d : 100) + d) }')
-        [ -n "$got" ] && [ "$got" = "$want" ]
-        check "--drop-cpu-s-per-gb: drop of $d ms per call hidden under reads where shorter, last layer's at once" $? \
-            "got '$got', want '$want'; $pout"
-    done
-    # --overlap-layer on (off by default, as in the engine): a layer computes while its own reads land, so with
-    # nothing read ahead it takes max(drop + compute, reads) and the last MoE layer's drop comes on top:
-    # per token max(50, 100) + 3 * max(D + 50, 100) + D; serial stays 4 * (100 + 50) ms.
-    for case in "0 0" "1914.83 50" "5744.49 150"; do
-        read -r per_gb d <<<"$case"
-        pout=$("$SIM" --trace "$W/decode.trace" ${drops% --overlap-layer off} --overlap-layer on --drop-cpu-s-per-gb "$per_gb" 2>&1)
-        got=$(overlap_of "$pout" decode)
-        want=$(awk -v d="$d" 'BEGIN { b = d + 50; printf "1.67 %.2f", 1000 / (100 + 3 * (b > 100 ? b : 100) + d) }')
-        [ -n "$got" ] && [ "$got" = "$want" ] && echo "$pout" | grep -q "layers compute while their reads land: on"
-        check "--overlap-layer on: a layer takes max(drop $d + compute 50, reads 100) ms" $? \
-            "got '$got', want '$want'; $pout"
-    done
-    # Read-ahead's kernel CPU: every read guessed right (budget 1e, pilot) at 200 ms per token, 450 ms as above,
-    # plus, for each of layers 1-3, 2E read ahead at X CPU-s per GB over 2 cores: X = 3829.66 is 50 ms each.
-    pout=$("$SIM" --trace "$W/decode.trace" $timing --compute-ms 200 --predictor pilot --read-cpu-s-per-gb 3829.66 \
-        --cpu-cores 2 2>&1)
-    [ "$(overlap_of "$pout" decode | cut -d' ' -f2)" = "1.67" ]
-    check "--read-cpu-s-per-gb: read-ahead's kernel CPU slows the compute it overlaps, 450 + 3 * 50 ms" $? "$pout"
-    for bad in "--warmup 1" "--prompt-compute-ms 5" "--disk-gbps 1 --compute-ms 1 --warmup -1" \
-        "--disk-gbps 1 --compute-ms 1 --prompt-compute-ms x" "--prompt-disk-gbps 1" \
-        "--disk-gbps 1 --compute-ms 1 --prompt-disk-gbps 0" "--disk-gbps 1 --compute-ms 1 --stream-prompts maybe" \
-        "--disk-gbps 1 --compute-ms 1 --overlap-layer 2" \
-        "--disk-gbps 1 --compute-ms 1 --cpu-cores 0" "--disk-gbps 1 --compute-ms 1 --drop-cpu-s-per-gb -1"; do
-        refused=$("$SIM" --trace "$W/prompt.trace" --model "$W/tiny.gguf" --budgets 4e $bad 2>&1)
-        [ $? -eq 2 ]
-        check "refused: $bad" $? "$refused"
-    done
-else
-    echo "MKMODEL not set: the pipeline timing checks are skipped"
-fi
 
 # --predictor: nothing of it shows without the flag.
 echo "$out" | grep -q "^predictor"
@@ -304,20 +138,4 @@ for bad in "--predictor oracle" "--predictor pilot --pilot-mass 1.5" "--predicto
     [ $? -eq 2 ]
     check "refused: $bad" $? "$refused"
 done
-if [ -n "${TRACEGEN:-}" ]; then
-    for cross in 0.9 0; do
-        "$TRACEGEN" --shape mixtral-8x7b --tokens 300 --cross-layer "$cross" -o "$W/cross$cross.trace" >/dev/null 2>&1
-        check "tracegen --cross-layer $cross" $? ""
-    done
-    follows=$("$SIM" --trace "$W/cross0.9.trace" --shape mixtral-8x7b --budgets 100% --policies lru \
-        --predictor pilot --pilot-mass 0.6 2>&1 | pilot_line 0.6)
-    independent=$("$SIM" --trace "$W/cross0.trace" --shape mixtral-8x7b --budgets 100% --policies lru \
-        --predictor pilot --pilot-mass 0.6 2>&1 | pilot_line 0.6)
-    echo "$follows $independent" | awk 'NF == 6 && $1 >= 0 && $1 <= 1 && $4 >= 0 && $4 <= 1 && $1 > $4 && $3 > $6 {
-        ok = 1 } END { exit !ok }'
-    check "pilot: higher recall and precision at cross-layer 0.9 than at 0" $? \
-        "cross 0.9: $follows; cross 0: $independent (recall set precision)"
-else
-    echo "TRACEGEN not set: the synthetic predictor checks are skipped"
-fi
 finish

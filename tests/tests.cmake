@@ -64,8 +64,12 @@ guanaco_script_test(trace_replay test_trace_replay.sh)
 guanaco_script_test(sim_mixtral test_sim.sh)
 set_property(TEST sim_mixtral APPEND PROPERTY ENVIRONMENT
     "SIM=$<TARGET_FILE:guanaco-sim>" "TRACE_CONVERT=$<TARGET_FILE:guanaco-trace-convert>"
-    "TRACEGEN=$<TARGET_FILE:guanaco-tracegen>"
     "SHARED_DIR=${CMAKE_SOURCE_DIR}/../shared")
+# guanaco-sim's checks that need no recorded routing: --model, the pipeline's timing, pilot on synthetic traces.
+guanaco_script_test(sim_pipeline test_sim_pipeline.sh)
+set_property(TEST sim_pipeline APPEND PROPERTY ENVIRONMENT
+    "SIM=$<TARGET_FILE:guanaco-sim>" "TRACE_CONVERT=$<TARGET_FILE:guanaco-trace-convert>"
+    "TRACEGEN=$<TARGET_FILE:guanaco-tracegen>")
 # The residency module alone: budgeted expert pages over a synthetic mapped file, mincore audit, faults.
 add_test(NAME residency COMMAND test_residency)
 set_tests_properties(residency PROPERTIES SKIP_RETURN_CODE 77) # tmpfs has no page cache to budget

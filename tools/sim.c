@@ -64,6 +64,7 @@ static void print_usage(FILE *out) {
             "                   [--ubatches] [--warmup N] [--prompt-disk-gbps X] [--stream-prompts on|off]\n"
             "                   [--overlap-layer on|off]\n"
             "                   [--read-cpu-s-per-gb X] [--drop-cpu-s-per-gb X] [--cpu-cores N]\n"
+            "                   [--load direct|page-cache [--map-cpu-s-per-gb X] [--evict-cpu-s-per-gb X]]\n"
             "\n"
             "  --trace FILE        a routing trace (docs/TRACE.md); several are replayed back to back\n"
             "  --shape NAME        expert sizes of a named model: mixtral-8x7b (32 layers, 8 experts, top-2)\n"
@@ -106,6 +107,13 @@ static void print_usage(FILE *out) {
             "                      engine drops a call's victims while the next call reads, so a layer\n"
             "                      waits max(reads, drop). Default 0, not charged\n"
             "  --cpu-cores N       cores compute runs on (default 1), for --read-cpu-s-per-gb\n"
+            "  --load direct|page-cache  as the engine's --guanaco-load (default page-cache here): direct reads\n"
+            "                      misses and read-ahead into anonymous copies, so no 4 KiB folios are\n"
+            "                      charged for them; streamed calls still go through the page cache\n"
+            "  --map-cpu-s-per-gb X  with --load direct: CPU seconds to place one GB of copies in the mapping\n"
+            "                      after their reads (the engine's status lines: mapping ms over bytes loaded)\n"
+            "  --evict-cpu-s-per-gb X  with --load direct: CPU seconds to evict one GB of copies, at once\n"
+            "                      (status lines: eviction ms over bytes evicted). Both default to 0\n"
             "  --threads N         replays run at once (default: the online CPUs)\n"
             "  --predictor KIND    also replay the traces through an expert predictor (%s) as the engine\n"
             "                      calls it, and report its recall, set size and precision\n"
@@ -590,13 +598,15 @@ static void print_pipeline_row(const struct sim_row *row) {
         if (ph->tokens == 0) continue;
         double per_pass = (double)ph->passes;
         double needed = (double)(ph->demand_bytes + ph->ahead_used_bytes);
-        printf("%-10s %7.2f%% %-7s %7llu %8llu %12.2f %13.2f %15.1f %13.1f %14.1f %13.1f %8.1f %14.1f %12.1f %8llu\n",
+        printf("%-10s %7.2f%% %-7s %7llu %8llu %12.2f %13.2f %15.1f %13.1f %14.1f %13.1f %8.1f %14.1f %12.1f %11.1f "
+               "%8llu\n",
                row->name, row->budget->percent, names[i], (unsigned long long)ph->passes,
                (unsigned long long)ph->tokens, phase_rate(ph, false), phase_rate(ph, true),
                1000.0 * ph->compute_seconds / per_pass, 1000.0 * ph->stall_seconds / per_pass,
                (double)ph->demand_bytes / 1e6 / per_pass, (double)ph->ahead_bytes / 1e6 / per_pass,
                needed > 0 ? 100.0 * ph->hidden_bytes / needed : 0.0, 1000.0 * ph->kernel_seconds / per_pass,
-               1000.0 * ph->drop_seconds / per_pass, (unsigned long long)ph->streamed_passes);
+               1000.0 * ph->drop_seconds / per_pass, 1000.0 * ph->map_seconds / per_pass,
+               (unsigned long long)ph->streamed_passes);
     }
 }
 
@@ -623,9 +633,14 @@ static void print_pipeline_header(const struct guanaco_pipeline_config *config, 
            config->read_cpu_seconds_per_byte * 1e9,
            config->cpu_cores ? config->cpu_cores : 1, config->cpu_cores > 1 ? "s" : "",
            config->drop_cpu_seconds_per_byte * 1e9);
-    printf("%-10s %8s %-7s %7s %8s %12s %13s %15s %13s %14s %13s %8s %14s %12s %8s\n", "policy", "budget", "phase",
-           "passes", "tokens", "serial tok/s", "overlap tok/s", "compute ms/pass", "stall ms/pass", "demand MB/pass",
-           "ahead MB/pass", "hidden %", "kernel ms/pass", "drop ms/pass", "streamed");
+    if (config->load_direct) {
+        printf("          direct loading: copies (no 4 KiB folios) placed at %.3g CPU-s per GB after their reads, "
+               "evicted at once at %.3g CPU-s per GB\n",
+               config->map_cpu_seconds_per_byte * 1e9, config->evict_cpu_seconds_per_byte * 1e9);
+    }
+    printf("%-10s %8s %-7s %7s %8s %12s %13s %15s %13s %14s %13s %8s %14s %12s %11s %8s\n", "policy", "budget",
+           "phase", "passes", "tokens", "serial tok/s", "overlap tok/s", "compute ms/pass", "stall ms/pass",
+           "demand MB/pass", "ahead MB/pass", "hidden %", "kernel ms/pass", "drop ms/pass", "map ms/pass", "streamed");
 }
 
 /* ---- expert prediction ---- */
@@ -801,6 +816,8 @@ struct sim_options {
     const char *overlap_layer;               /* on|off; NULL = off, page-cache loading's default (direct's is on) */
     double read_cpu_s_per_gb, drop_cpu_s_per_gb;
     unsigned long cpu_cores;
+    const char *load;                        /* direct|page-cache; NULL = page-cache */
+    double map_cpu_s_per_gb, evict_cpu_s_per_gb; /* direct loading's CPU per GB placed and evicted */
 };
 
 static int parse_positive(const char *flag, const char *text, double *out) {
@@ -833,7 +850,7 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
                                              "--half-life", "--predictor", "--pilot-mass", "--pilot-half-life",
                                              "--warmup", "--prompt-compute-ms", "--prompt-disk-gbps",
                                              "--stream-prompts", "--overlap-layer", "--read-cpu-s-per-gb", "--drop-cpu-s-per-gb",
-                                             "--cpu-cores"};
+                                             "--cpu-cores", "--load", "--map-cpu-s-per-gb", "--evict-cpu-s-per-gb"};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
@@ -911,6 +928,16 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
                 return 2;
             }
             options->overlap_layer = value;
+        } else if (strcmp(arg, "--load") == 0) {
+            if (strcmp(value, "direct") != 0 && strcmp(value, "page-cache") != 0) {
+                fprintf(stderr, PROG ": --load takes direct or page-cache, not \"%s\"\n", value);
+                return 2;
+            }
+            options->load = value;
+        } else if (strcmp(arg, "--map-cpu-s-per-gb") == 0) {
+            if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->map_cpu_s_per_gb) != 0) return 2;
+        } else if (strcmp(arg, "--evict-cpu-s-per-gb") == 0) {
+            if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->evict_cpu_s_per_gb) != 0) return 2;
         } else if (strcmp(arg, "--read-cpu-s-per-gb") == 0) {
             if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->read_cpu_s_per_gb) != 0) return 2;
         } else if (strcmp(arg, "--drop-cpu-s-per-gb") == 0) {
@@ -970,11 +997,18 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         return 2;
     }
     if ((options->have_prompt_compute_ms || options->warmup || options->prompt_disk_gbps > 0 ||
-         options->read_cpu_s_per_gb > 0 || options->drop_cpu_s_per_gb > 0 || options->cpu_cores) &&
+         options->read_cpu_s_per_gb > 0 || options->drop_cpu_s_per_gb > 0 || options->cpu_cores || options->load ||
+         options->map_cpu_s_per_gb > 0 || options->evict_cpu_s_per_gb > 0) &&
         !options->have_disk_gbps) {
         fprintf(stderr, PROG ": --prompt-compute-ms, --prompt-disk-gbps, --warmup, --read-cpu-s-per-gb, "
-                        "--drop-cpu-s-per-gb and --cpu-cores time the replay: they need --disk-gbps and "
-                        "--compute-ms\n");
+                        "--drop-cpu-s-per-gb, --cpu-cores, --load, --map-cpu-s-per-gb and --evict-cpu-s-per-gb "
+                        "time the replay: they need --disk-gbps and --compute-ms\n");
+        return 2;
+    }
+    if ((options->map_cpu_s_per_gb > 0 || options->evict_cpu_s_per_gb > 0) &&
+        !(options->load && strcmp(options->load, "direct") == 0)) {
+        fprintf(stderr, PROG ": --map-cpu-s-per-gb and --evict-cpu-s-per-gb are direct loading's costs: "
+                        "they need --load direct\n");
         return 2;
     }
     return 0;
@@ -1205,6 +1239,9 @@ static struct guanaco_pipeline_config pipeline_config(const struct sim_options *
         .read_cpu_seconds_per_byte = options->read_cpu_s_per_gb / 1e9,
         .drop_cpu_seconds_per_byte = options->drop_cpu_s_per_gb / 1e9,
         .cpu_cores = (uint32_t)options->cpu_cores,
+        .load_direct = options->load && strcmp(options->load, "direct") == 0,
+        .map_cpu_seconds_per_byte = options->map_cpu_s_per_gb / 1e9,
+        .evict_cpu_seconds_per_byte = options->evict_cpu_s_per_gb / 1e9,
     };
 }
 
