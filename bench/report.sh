@@ -97,28 +97,41 @@ range_of() { # range_of SCALE DECIMALS MIN MAX N: " [min-max]" with more than on
     fi
 }
 
-# The disk rate the engine got, per phase, over every rep of one cell: "decode_gbps prompt_gbps" ('-' where
-# the status lines are missing or do not add up). llama-bench's order gives the lines by position: the warmup
-# prompt's k = ceil(PROMPT / UBATCH) ubatches, the measured prompt's k, the decode warmup's one, the measured
-# decode's TOKENS (older builds printed one line per multi-ubatch prompt: k = 1 is taken too). Each line
-# says "X GiB read at Y GB/s": bytes over the time its read batches took.
+# The disk rate the engine got, per phase, over every rep of one cell, and direct loading's CPU per GB placed and
+# evicted in the measured decode: "decode_gbps prompt_gbps map_s_per_gb evict_s_per_gb" ('-' where the status
+# lines are missing or do not add up). llama-bench's order gives the lines by position: the warmup prompt's
+# k = ceil(PROMPT / UBATCH) ubatches, the measured prompt's k, the decode warmup's one, the measured decode's
+# TOKENS (older builds printed one line per multi-ubatch prompt: k = 1 is taken too). Each line says "N loads,
+# X GiB read at Y GB/s": bytes over the time its read batches took (with direct loading's overlap, the time
+# the matmuls waited for them), and "mapping M ... eviction V" ms per token with "E evictions"; an evicted
+# copy is taken to be the size of a loaded one (X / N).
 engine_rates() { # engine_rates BUDGET VARIANT
     local f
     for f in "$OUT"/logs/b"$1"-"${2//:/-}"-r*.err; do
         [ -f "$f" ] || continue
         grep -h 'guanaco: status at token' "$f" |
-            sed -n 's/.*status at token [0-9]*: [0-9]* tokens,.* \([0-9.]*\) GiB read at \([0-9.]*\) GB\/s.*/\1 \2/p' |
-            awk -v p="${PROMPT:-0}" -v ub="$UBATCH" -v tg="$TOKENS" '{ n++; g[n] = $1; r[n] = $2 }
+            awk -v p="${PROMPT:-0}" -v ub="$UBATCH" -v tg="$TOKENS" '
+                function num(re,   x) { if (!match($0, re)) return -1; x = substr($0, RSTART, RLENGTH)
+                                        gsub(/[^0-9.]/, "", x); return x + 0 }
+                { n++; tok[n] = num(": [0-9]+ tokens"); loads[n] = num("[0-9]+ loads")
+                  g[n] = num("[0-9.]+ GiB read"); r[n] = num("at [0-9.]+ GB/s"); m[n] = num("mapping [0-9.]+")
+                  v[n] = num("eviction [0-9.]+"); e[n] = num("[0-9]+ evictions") }
                 END { k = p > 0 ? int((p + ub - 1) / ub) : 0
                       if (n != 2 * k + 1 + tg && k > 1 && n == 3 + tg) k = 1
                       if (n != 2 * k + 1 + tg) exit
                       for (i = 1; i <= n; i++) if (g[i] > 0 && r[i] > 0) {
                           ph = i > k && i <= 2 * k ? "prompt" : i > 2 * k + 1 ? "decode" : "warmup"
-                          print ph, g[i] * 1073741824, g[i] * 1073741824 / (r[i] * 1e9) } }' || true
-    done | awk '{ b[$1] += $2; t[$1] += $3 }
+                          b = g[i] * 1073741824
+                          cost = ""
+                          if (ph == "decode" && m[i] >= 0 && v[i] >= 0 && e[i] >= 0 && loads[i] > 0 && tok[i] > 0)
+                              cost = sprintf(" %.6f %.6f %.0f", m[i] * tok[i] / 1000, v[i] * tok[i] / 1000, e[i] * b / loads[i])
+                          print ph, b, b / (r[i] * 1e9) cost } }' || true
+    done | awk '{ b[$1] += $2; t[$1] += $3; if (NF == 6) { ms += $4; vs += $5; vb += $6; mb += $2 } }
         END { d = t["decode"] > 0 ? sprintf("%.3f", b["decode"] / t["decode"] / 1e9) : "-"
               p = t["prompt"] > 0 ? sprintf("%.3f", b["prompt"] / t["prompt"] / 1e9) : "-"
-              print d, p }'
+              m = mb > 0 ? sprintf("%.4f", ms / mb * 1e9) : "-"
+              v = vb > 0 ? sprintf("%.4f", vs / vb * 1e9) : "-"
+              print d, p, m, v }'
 }
 
 # The load a Guanaco cell ran with (variant_load BUDGET VARIANT): what its first rep's engine said (auto, the
@@ -136,10 +149,13 @@ variant_load() {
 # guanaco-sim's prediction for one Guanaco cell: "decode_tok_s prompt_tok_s" ('-' for what it cannot say), or
 # "gate" for prefetch=gate, which a replay cannot guess as the engine does. DECODE_GBPS and PROMPT_GBPS are
 # engine_rates' figures; PROMPT_MS the warm compute per prompt token or empty.
-simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_MS
-    local b=$1 v=$2 dgbps=$3 pgbps=$4 pms=$5 trace policy predictor=pilot stream=on overlap=off setting key value
-    # the engine's default: direct loading overlaps a layer's reads with its compute, page-cache loading does not
-    [ "$(variant_load "$b" "$v")" = direct ] && overlap=on
+simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_MS MAP_S_PER_GB EVICT_S_PER_GB
+    local b=$1 v=$2 dgbps=$3 pgbps=$4 pms=$5 map=$6 evict=$7 trace policy predictor=pilot stream=on overlap=off
+    local setting key value load
+    # Direct loading overlaps a layer's reads with its compute (the engine's default with it), but its status lines
+    # time the matmuls' waits, not the reads: the overlap is already in DECODE_GBPS, so the replay does not apply
+    # it again. Its copies' placing and eviction are charged at the rates measured in the same lines.
+    load=$(variant_load "$b" "$v")
     trace="$OUT/logs/b$b-${v//:/-}-r1.trace"
     [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- -"; return; }
     policy=$(cut -d: -f2 <<<"${v%%+*}:")
@@ -151,7 +167,7 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
         case $key in
         prefetch) predictor=$value ;;
         stream-prompts|stream_prompts) stream=$value ;;
-        overlap-layer|overlap_layer) overlap=$value ;;
+        overlap-layer|overlap_layer) [ "$load" = direct ] || overlap=$value ;;
         *) echo "- -"; return ;; # a setting the replay does not model
         esac
     done
@@ -160,7 +176,9 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
         --ubatches --disk-gbps "$dgbps" --compute-ms "$COMPUTE_MS" --stream-prompts "$stream"
         --overlap-layer "$overlap"
         --read-cpu-s-per-gb "$READ_CPU_S_PER_GB" --drop-cpu-s-per-gb "$DROP_CPU_S_PER_GB" --cpu-cores "$CORES"
-        --threads 1)
+        --load "$load" --threads 1)
+    [ "$load" = direct ] && [ "$map" != - ] && args+=(--map-cpu-s-per-gb "$map")
+    [ "$load" = direct ] && [ "$evict" != - ] && args+=(--evict-cpu-s-per-gb "$evict")
     [ "$predictor" != none ] && args+=(--predictor "$predictor")
     [ "$pgbps" != - ] && args+=(--prompt-disk-gbps "$pgbps")
     [ -n "$pms" ] && args+=(--prompt-compute-ms "$pms")
@@ -214,13 +232,13 @@ declare -A SIM RATES
 for b in $budgets; do
     for v in $guanaco_variants; do
         RATES[$b/$v]=$(engine_rates "$b" "$v")
-        read -r dg pg <<<"${RATES[$b/$v]}"
+        read -r dg pg mapc evictc <<<"${RATES[$b/$v]}"
         # With --guanaco-overlap-layer on (page-cache loading) a call only issues its reads and the matmuls
         # wait for them, so the engine's rate is the issue rate: the replay gets fio's instead.
         if [ "$(variant_load "$b" "$v")" != direct ] && [[ $v =~ \+overlap-layer=(1|on)($|\+) ]]; then
             dg=$FIO_GBPS pg=$FIO_GBPS
         fi
-        SIM[$b/$v]=$(simulate_cell "$b" "$v" "$dg" "$pg" "$PROMPT_MS")
+        SIM[$b/$v]=$(simulate_cell "$b" "$v" "$dg" "$pg" "$PROMPT_MS" "${mapc:--}" "${evictc:--}")
     done
 done
 
@@ -301,14 +319,17 @@ done
     echo "with warm in-RAM compute, the disk rate the engine got in the cell's measured decode and prompt (next"
     echo "table; not fio, except with page-cache loading and --guanaco-overlap-layer on, where the engine times only"
     echo "the reads' issue and fio is used) and the kernel's CPU per GB of 4 KiB folios ($READ_CPU_S_PER_GB s read, $DROP_CPU_S_PER_GB s drop,"
-    echo "$CORES cores); sim error: (simulated - live) / live. bench/SIMULATOR.md has the model and its record."
+    echo "$CORES cores); with direct loading, whose status lines time the matmuls' waits (the layer's overlap is in"
+    echo "that rate, so the replay does not apply it again), no folio CPU but the copies' placing and eviction at the"
+    echo "CPU-s per GB the same lines give (next table); sim error: (simulated - live) / live. bench/SIMULATOR.md has"
+    echo "the model and its record."
 
     if [ -n "$guanaco_variants" ]; then
         echo
         echo "Compute under the engine, and the prompt (Guanaco runs):"
         echo
-        echo "| budget | variant | stall ms/token | outside stall ms/token | x warm compute | prompt MB read | prompt stall ms/token | prompt tok/s | prompt limit tok/s | % of prompt limit | engine GB/s decode / prompt | simulated prompt tok/s | prompt sim error |"
-        echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        echo "| budget | variant | stall ms/token | outside stall ms/token | x warm compute | prompt MB read | prompt stall ms/token | prompt tok/s | prompt limit tok/s | % of prompt limit | engine GB/s decode / prompt | direct map / evict CPU-s per GB | simulated prompt tok/s | prompt sim error |"
+        echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         for b in $budgets; do
             for v in $guanaco_variants; do
                 read -r _ _ _ n <<<"$(stat_of "$b" "$v" tg_ts)"
@@ -329,15 +350,16 @@ done
                         l = p / (d > c ? d : c)
                         printf "%.2f %s\n", l, (t == "-" ? "-" : sprintf("%.0f", 100 * t / l)) }')"
                 fi
-                read -r dg pg <<<"${RATES[$b/$v]:-- -}"
+                read -r dg pg mapc evictc <<<"${RATES[$b/$v]:-- - - -}"
+                [ "$(variant_load "$b" "$v")" = direct ] || mapc=- evictc=-
                 read -r _ psim <<<"${SIM[$b/$v]:-- -}"
                 [ "${SIM[$b/$v]:-}" = gate ] && psim="- (gate)"
                 perr=$(sim_error "${psim%% *}" "$pp")
                 [ "${psim%% *}" != - ] && psim=$(fmt 1 2 "$psim")
-                printf '| %s%% | %s | %s%s | %s%s | %s | %s | %s | %s%s | %s | %s | %s / %s | %s | %s |\n' "$b" "$v" \
+                printf '| %s%% | %s | %s%s | %s%s | %s | %s | %s | %s%s | %s | %s | %s / %s | %s / %s | %s | %s |\n' "$b" "$v" \
                     "$stall" "$(range_of 1 raw "$smin" "$smax" "$sn")" "$(fmt 1 1 "$out")" "$(range_of 1 1 "$omin" "$omax" "$on")" \
                     "$xc" "$(fmt 1e6 0 "$pbytes")" "$pstall" "$pp" "$([ "$pp" != - ] && range_of 1 raw "$ppmin" "$ppmax" "$ppn")" \
-                    "$plimit" "$ppct" "$dg" "$pg" "${psim:--}" "$perr"
+                    "$plimit" "$ppct" "$dg" "$pg" "${mapc:--}" "${evictc:--}" "${psim:--}" "$perr"
             done
         done
         echo
@@ -348,7 +370,9 @@ done
         echo "(one per ubatch of 512; '-' unless they add up to exactly the prompt). prompt limit: prompt tokens /"
         echo "max(prompt bytes / fio bandwidth, prompt tokens / warm ram prompt tok/s); '-' without the prompt's bytes or"
         echo "a warm ram prompt rate. engine GB/s: bytes over read time in the status lines of the measured decode and"
-        echo "the measured prompt, all reps; the simulator's disk rates. simulated prompt tok/s: the same replay's"
+        echo "the measured prompt, all reps; the simulator's disk rates. direct map / evict: direct loading's mapping and"
+        echo "eviction ms over the bytes loaded and evicted, in the measured decode's status lines (the simulator's rates)."
+        echo "simulated prompt tok/s: the same replay's"
         echo "measured prompt, with warm ram prompt compute ($([ -n "$PROMPT_MS" ] && echo "$PROMPT_MS ms per token" || echo "none here: not simulated"))."
         if [ -n "$flags" ]; then
             echo
