@@ -146,7 +146,8 @@ variant_load() {
     echo "${load:-page-cache}"
 }
 
-# guanaco-sim's prediction for one Guanaco cell: "decode_tok_s prompt_tok_s" ('-' for what it cannot say), or
+# guanaco-sim's prediction for one Guanaco cell: "decode_tok_s prompt_tok_s decode_stall_ms" ('-' for what it
+# cannot say), or
 # "gate" for prefetch=gate, which a replay cannot guess as the engine does. DECODE_GBPS and PROMPT_GBPS are
 # engine_rates' figures; PROMPT_MS the warm compute per prompt token or empty.
 simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_MS MAP_S_PER_GB EVICT_S_PER_GB
@@ -157,7 +158,7 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
     # it again. Its copies' placing and eviction are charged at the rates measured in the same lines.
     load=$(variant_load "$b" "$v")
     trace="$OUT/logs/b$b-${v//:/-}-r1.trace"
-    [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- -"; return; }
+    [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- - -"; return; }
     policy=$(cut -d: -f2 <<<"${v%%+*}:")
     IFS=+ read -ra settings <<<"${v#*+}"
     [ "$v" = "${v#*+}" ] && settings=()
@@ -168,7 +169,7 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
         prefetch) predictor=$value ;;
         stream-prompts|stream_prompts) stream=$value ;;
         overlap-layer|overlap_layer) [ "$load" = direct ] || overlap=$value ;;
-        *) echo "- -"; return ;; # a setting the replay does not model
+        *) echo "- - -"; return ;; # a setting the replay does not model
         esac
     done
     [ "$predictor" = gate ] && { echo "gate"; return; }
@@ -183,10 +184,11 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
     [ "$pgbps" != - ] && args+=(--prompt-disk-gbps "$pgbps")
     [ -n "$pms" ] && args+=(--prompt-compute-ms "$pms")
     # llama-bench's warmup: one decode token, and a whole prompt (k ubatches), each its own sequence in the trace
-    local k=$(((${PROMPT:-0} + UBATCH - 1) / UBATCH)) tmp decode="-" prompt="-"
+    local k=$(((${PROMPT:-0} + UBATCH - 1) / UBATCH)) tmp decode="-" prompt="-" stall="-"
     tmp=$(mktemp)
     if "$BIN/guanaco-sim" "${args[@]}" --warmup 1 --csv "$tmp" >/dev/null 2>&1; then
         decode=$(csv_field "$tmp" "${policy:-layer-lru}" decode_overlap_tokens_per_second)
+        stall=$(csv_field "$tmp" "${policy:-layer-lru}" decode_stall_ms_per_token)
         [ "$k" = 1 ] && prompt=$(csv_field "$tmp" "${policy:-layer-lru}" prompt_overlap_tokens_per_second)
     fi
     if [ "$k" -gt 1 ] && "$BIN/guanaco-sim" "${args[@]}" --warmup "$k" --csv "$tmp" >/dev/null 2>&1; then
@@ -194,7 +196,7 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
     fi
     rm -f "$tmp"
     [ -z "$pms" ] && prompt="-"
-    echo "${decode:--} ${prompt:--}"
+    echo "${decode:--} ${prompt:--} ${stall:--}"
 }
 csv_field() { # csv_field CSV POLICY COLUMN: that column of the policy's row, '-' when absent or n/a
     awk -F, -v p="$2" -v col="$3" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
@@ -328,8 +330,8 @@ done
         echo
         echo "Compute under the engine, and the prompt (Guanaco runs):"
         echo
-        echo "| budget | variant | stall ms/token | outside stall ms/token | x warm compute | prompt MB read | prompt stall ms/token | prompt tok/s | prompt limit tok/s | % of prompt limit | engine GB/s decode / prompt | direct map / evict CPU-s per GB | simulated prompt tok/s | prompt sim error |"
-        echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        echo "| budget | variant | stall ms/token | simulated stall ms/token | outside stall ms/token | x warm compute | prompt MB read | prompt stall ms/token | prompt tok/s | prompt limit tok/s | % of prompt limit | engine GB/s decode / prompt | direct map / evict CPU-s per GB | simulated prompt tok/s | prompt sim error |"
+        echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         for b in $budgets; do
             for v in $guanaco_variants; do
                 read -r _ _ _ n <<<"$(stat_of "$b" "$v" tg_ts)"
@@ -352,18 +354,21 @@ done
                 fi
                 read -r dg pg mapc evictc <<<"${RATES[$b/$v]:-- - - -}"
                 [ "$(variant_load "$b" "$v")" = direct ] || mapc=- evictc=-
-                read -r _ psim <<<"${SIM[$b/$v]:-- -}"
+                read -r _ psim sstall <<<"${SIM[$b/$v]:-- - -}"
                 [ "${SIM[$b/$v]:-}" = gate ] && psim="- (gate)"
+                [ -n "${sstall:-}" ] && [ "$sstall" != - ] && sstall=$(fmt 1 1 "$sstall")
                 perr=$(sim_error "${psim%% *}" "$pp")
                 [ "${psim%% *}" != - ] && psim=$(fmt 1 2 "$psim")
-                printf '| %s%% | %s | %s%s | %s%s | %s | %s | %s | %s%s | %s | %s | %s / %s | %s / %s | %s | %s |\n' "$b" "$v" \
-                    "$stall" "$(range_of 1 raw "$smin" "$smax" "$sn")" "$(fmt 1 1 "$out")" "$(range_of 1 1 "$omin" "$omax" "$on")" \
+                printf '| %s%% | %s | %s%s | %s | %s%s | %s | %s | %s | %s%s | %s | %s | %s / %s | %s / %s | %s | %s |\n' "$b" "$v" \
+                    "$stall" "$(range_of 1 raw "$smin" "$smax" "$sn")" "${sstall:--}" "$(fmt 1 1 "$out")" "$(range_of 1 1 "$omin" "$omax" "$on")" \
                     "$xc" "$(fmt 1e6 0 "$pbytes")" "$pstall" "$pp" "$([ "$pp" != - ] && range_of 1 raw "$ppmin" "$ppmax" "$ppn")" \
                     "$plimit" "$ppct" "$dg" "$pg" "${mapc:--}" "${evictc:--}" "${psim:--}" "$perr"
             done
         done
         echo
-        echo "stall ms/token: the engine's time compute waited on residency, per measured decode token. outside stall:"
+        echo "stall ms/token: the engine's time compute waited on residency, per measured decode token. simulated stall:"
+        echo "the replay's (above) decode stall per token, which it adds to warm compute; the difference between"
+        echo "its tok/s and the live one is this stall's error plus compute under the engine's excess. outside stall:"
         echo "1000 / decode tok/s - stall, per run: the token's time not spent waiting (compute under the engine plus"
         echo "the engine's own work outside the stall). x warm compute: outside stall over warm in-RAM compute per"
         echo "token; \"!\" above ${FLAG_RATIO}x. prompt MB read: Guanaco's bytes read over the measured prompt's status lines"

@@ -434,7 +434,8 @@ static void print_csv_header(FILE *csv, bool with_speed) {
                  "mb_read_per_token,evictions,gap_points,gap_closed_percent%s\n",
             with_speed ? ",tokens_per_second,overlap_tokens_per_second,decode_tokens,decode_serial_tokens_per_second,"
                          "decode_overlap_tokens_per_second,prompt_tokens,prompt_serial_tokens_per_second,"
-                         "prompt_overlap_tokens_per_second,read_ahead_mb,read_ahead_used_mb,hidden_mb"
+                         "prompt_overlap_tokens_per_second,read_ahead_mb,read_ahead_used_mb,hidden_mb,"
+                         "decode_stall_ms_per_token"
                        : "");
 }
 
@@ -453,7 +454,7 @@ static void print_csv_row(FILE *csv, const struct sim_row *row) {
         fprintf(csv, ",%.4f", row->tokens_per_second);
         const struct guanaco_pipeline_stats *p = row->pipeline;
         if (!p) {
-            fprintf(csv, ",n/a,n/a,n/a,n/a,n/a,n/a,n/a,n/a,n/a,n/a");
+            fprintf(csv, ",n/a,n/a,n/a,n/a,n/a,n/a,n/a,n/a,n/a,n/a,n/a");
         } else {
             const struct guanaco_pipeline_phase *phases[2] = {&p->decode, &p->prompt};
             fprintf(csv, ",%.4f", row->overlap_tokens_per_second);
@@ -464,6 +465,11 @@ static void print_csv_row(FILE *csv, const struct sim_row *row) {
             fprintf(csv, ",%.4f,%.4f,%.4f", (double)(p->decode.ahead_bytes + p->prompt.ahead_bytes) / 1e6,
                     (double)(p->decode.ahead_used_bytes + p->prompt.ahead_used_bytes) / 1e6,
                     (p->decode.hidden_bytes + p->prompt.hidden_bytes) / 1e6);
+            if (p->decode.tokens) {
+                fprintf(csv, ",%.4f", 1000.0 * p->decode.stall_seconds / (double)p->decode.tokens);
+            } else {
+                fprintf(csv, ",n/a");
+            }
         }
     }
     fprintf(csv, "\n");
