@@ -838,6 +838,16 @@ static int parse_positive(const char *flag, const char *text, double *out) {
     return 0;
 }
 
+/* A flag that takes one of two words: *out = text, or a message and -EINVAL. */
+static int parse_choice(const char *flag, const char *text, const char *first, const char *second, const char **out) {
+    if (strcmp(text, first) != 0 && strcmp(text, second) != 0) {
+        fprintf(stderr, PROG ": %s takes %s or %s, not \"%s\"\n", flag, first, second, text);
+        return -EINVAL;
+    }
+    *out = text;
+    return 0;
+}
+
 static int parse_whole(const char *flag, const char *text, unsigned long max, unsigned long *out) {
     return guanaco_cli_parse_whole(PROG, flag, text, max, out);
 }
@@ -923,23 +933,11 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         } else if (strcmp(arg, "--prompt-disk-gbps") == 0) {
             if (parse_positive(arg, value, &options->prompt_disk_gbps) != 0) return 2;
         } else if (strcmp(arg, "--stream-prompts") == 0) {
-            if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0) {
-                fprintf(stderr, PROG ": --stream-prompts takes on or off, not \"%s\"\n", value);
-                return 2;
-            }
-            options->stream_prompts = value;
+            if (parse_choice(arg, value, "on", "off", &options->stream_prompts) != 0) return 2;
         } else if (strcmp(arg, "--overlap-layer") == 0) {
-            if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0) {
-                fprintf(stderr, PROG ": --overlap-layer takes on or off, not \"%s\"\n", value);
-                return 2;
-            }
-            options->overlap_layer = value;
+            if (parse_choice(arg, value, "on", "off", &options->overlap_layer) != 0) return 2;
         } else if (strcmp(arg, "--load") == 0) {
-            if (strcmp(value, "direct") != 0 && strcmp(value, "page-cache") != 0) {
-                fprintf(stderr, PROG ": --load takes direct or page-cache, not \"%s\"\n", value);
-                return 2;
-            }
-            options->load = value;
+            if (parse_choice(arg, value, "direct", "page-cache", &options->load) != 0) return 2;
         } else if (strcmp(arg, "--map-cpu-s-per-gb") == 0) {
             if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->map_cpu_s_per_gb) != 0) return 2;
         } else if (strcmp(arg, "--evict-cpu-s-per-gb") == 0) {
