@@ -64,6 +64,8 @@
 #   prompt limit     prompt / max(prompt bytes / fio bandwidth, prompt / warm ram prompt tok/s)
 #   outside stall    1 / decode tok/s - stall per token: compute under the engine plus the engine's
 #                    own work outside the stall; flagged where it exceeds warm compute by > 10%
+#   PMD-mapped       the ram runs' peak FilePmdMapped (smaps_rollup every 3 s): how much of the warm
+#                    reference ran on 2 MiB mappings, which made the same warm decode 1.4x faster
 #   fio bandwidth    fio randread, 1 MiB blocks, io_uring, queue depth 16, O_DIRECT, on the model
 #                    file: Guanaco's read size and depth; the higher of a sample before and after the runs
 # The report is refused when a limited run did not start cold (more than 1% of
@@ -153,7 +155,8 @@ else
     command -v fincore >/dev/null || die "needs fincore (util-linux)"
     mkdir -p "$OUT/logs"
     echo "budget_pct,variant,rep,limit_bytes,tg_ts,pp_ts,read_bytes,max_usage,resident_pct,guanaco_read_gib,guanaco_gbps,\
-miss_bytes_per_token,stall_ms_per_token,prompt_read_bytes,prompt_stall_ms_per_token,cached_before,cached_pct,rc" >"$RUNS"
+miss_bytes_per_token,stall_ms_per_token,prompt_read_bytes,prompt_stall_ms_per_token,cached_before,cached_pct,rc,\
+pmd_mapped_bytes" >"$RUNS"
 fi
 
 # ---- the model's split: one lazy load that evaluates a single token ----
@@ -269,8 +272,26 @@ run() {
     if [ "$REPACK" = 1 ] && { [ "$V_KIND" = ram ] || [ "$V_KIND" = guanaco ]; }; then
         no_repack=""
     fi
+    # How much of the model the warm reference maps in 2 MiB pages (its peak FilePmdMapped): the same warm run
+    # decoded 1.4x faster with the whole file PMD-mapped than with 4 KiB mappings (bench/PIPELINE.md). Sampled
+    # every 3 s and in the ram runs only: reading smaps_rollup walks the page tables, tens of ms for 16 GB.
+    local pmd_file="$OUT/logs/$name.pmd" sampler
+    rm -f "$pmd_file"
+    (
+        peak=0
+        while [ "$V_KIND" = ram ] && sleep 3; do
+            pid=$(pgrep -n -x llama-bench) || continue
+            kb=$(awk '/^FilePmdMapped:/ { print $2 }' "/proc/$pid/smaps_rollup" 2>/dev/null) || continue
+            if [ "${kb:-0}" -gt "$peak" ]; then peak=$kb; echo $((peak * 1024)) >"$pmd_file"; fi
+        done
+    ) &
+    sampler=$!
     env "${env_extra[@]}" "${wrap[@]}" "$BIN/llama-bench" -m "$MODEL" -p "$PROMPT" -n "$TOKENS" -r 1 -t "$THREADS" \
         -ub "$UBATCH" ${no_repack:+"$no_repack"} -o csv "${flags[@]}" >"$OUT/logs/$name.csv" 2>"$OUT/logs/$name.err" || rc=$?
+    kill "$sampler" 2>/dev/null || true
+    wait "$sampler" 2>/dev/null || true
+    local pmd
+    pmd=$(cat "$pmd_file" 2>/dev/null || true)
     local csv="$OUT/logs/$name.csv" err="$OUT/logs/$name.err"
     local tg pp
     tg=$(awk -F'"?,"?' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i }
@@ -300,7 +321,7 @@ run() {
         read -r pbytes pstall <<<"$(prompt_columns "$err")"
     fi
     echo "$budget,$variant,$rep,$limit,${tg:-},${pp:-},${read_bytes:-},${max_usage:-},${resident:-},${gib:-},${gbps:-},\
-${miss:-},${stall:-},${pbytes:-},${pstall:-},$cached,$cached_pct,$rc" >>"$RUNS"
+${miss:-},${stall:-},${pbytes:-},${pstall:-},$cached,$cached_pct,$rc,$pmd" >>"$RUNS"
     printf '%4s%% %-36s rep %s: decode %6s tok/s, prompt %6s tok/s, read %6.2f GB, peak %6.2f GB, cached %s%% at start%s%s\n' \
         "$budget" "$variant" "$rep" "${tg:-FAIL}" "$([ "$PROMPT" = 0 ] && echo - || echo "${pp:-FAIL}")" "$(awk -v b="${read_bytes:-0}" 'BEGIN { print b / 1e9 }')" \
         "$(awk -v b="${max_usage:-0}" 'BEGIN { print b / 1e9 }')" "$cached_pct" "${resident:+, resident $resident%}" \
