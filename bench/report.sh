@@ -264,8 +264,8 @@ done
         echo "decode$(range_of 1 raw "$ram_tmin" "$ram_tmax" "$ram_n")$([ "$ram_pn" != 0 ] && echo ", $ram_pp tok/s prompt$(range_of 1 raw "$ram_pmin" "$ram_pmax" "$ram_pn")")."
         if [ "$ram_pmdn" != 0 ]; then
             echo "The warm runs mapped $(fmt 1e9 2 "$ram_pmd_lo")-$(fmt 1e9 2 "$ram_pmd_hi") GB of the model in 2 MiB pages at their peak"
-            echo "(FilePmdMapped$([ -f "$MODEL" ] && echo ", of $(fmt 1e9 2 "$(stat -L -c %s "$MODEL")") GB")): the same warm decode ran 1.4x faster with all of it mapped so than"
-            echo "with none (bench/PIPELINE.md), and Guanaco's resident experts are mapped in 4 KiB pages."
+            echo "(FilePmdMapped$([ -f "$MODEL" ] && echo ", of $(fmt 1e9 2 "$(stat -L -c %s "$MODEL")") GB")). Recorded because two warm runs of the same decode"
+            echo "differed 1.47x with 16 and 0.28 GB so mapped (bench/PIPELINE.md); Guanaco's resident experts are mapped in 4 KiB pages."
         fi
         echo
     fi

@@ -65,7 +65,7 @@
 #   outside stall    1 / decode tok/s - stall per token: compute under the engine plus the engine's
 #                    own work outside the stall; flagged where it exceeds warm compute by > 10%
 #   PMD-mapped       the ram runs' peak FilePmdMapped (smaps_rollup every 3 s): how much of the warm
-#                    reference ran on 2 MiB mappings, which made the same warm decode 1.4x faster
+#                    reference ran on 2 MiB mappings (two warm decodes differed 1.47x with 16 and 0.28 GB)
 #   fio bandwidth    fio randread, 1 MiB blocks, io_uring, queue depth 16, O_DIRECT, on the model
 #                    file: Guanaco's read size and depth; the higher of a sample before and after the runs
 # The report is refused when a limited run did not start cold (more than 1% of
@@ -272,8 +272,8 @@ run() {
     if [ "$REPACK" = 1 ] && { [ "$V_KIND" = ram ] || [ "$V_KIND" = guanaco ]; }; then
         no_repack=""
     fi
-    # How much of the model the warm reference maps in 2 MiB pages (its peak FilePmdMapped): the same warm run
-    # decoded 1.4x faster with the whole file PMD-mapped than with 4 KiB mappings (bench/PIPELINE.md). Sampled
+    # How much of the model the warm reference maps in 2 MiB pages (its peak FilePmdMapped): two warm runs of the
+    # same decode differed 1.47x with 16 and 0.28 GB so mapped (bench/PIPELINE.md). Sampled
     # every 3 s and in the ram runs only: reading smaps_rollup walks the page tables, tens of ms for 16 GB.
     local pmd_file="$OUT/logs/$name.pmd" sampler
     rm -f "$pmd_file"
