@@ -159,7 +159,10 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
     load=$(variant_load "$b" "$v")
     trace="$OUT/logs/b$b-${v//:/-}-r1.trace"
     [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- - -"; return; }
-    policy=$(cut -d: -f2 <<<"${v%%+*}:")
+    # the policy the engine ran: what its first rep said, else the variant's field, else the default (guanaco)
+    policy=$(grep -om1 'policy [a-z-]*, io ' "$OUT/logs/b$b-${v//:/-}-r1.err" 2>/dev/null | sed 's/policy \([a-z-]*\),.*/\1/' || true)
+    [ -n "$policy" ] || policy=$(cut -d: -f2 <<<"${v%%+*}:")
+    policy=${policy:-guanaco}
     IFS=+ read -ra settings <<<"${v#*+}"
     [ "$v" = "${v#*+}" ] && settings=()
     for setting in "${settings[@]}"; do
@@ -173,7 +176,7 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
         esac
     done
     [ "$predictor" = gate ] && { echo "gate"; return; }
-    local args=(--trace "$trace" --model "$model" --budgets "$b%" --policies "${policy:-layer-lru}" --preload
+    local args=(--trace "$trace" --model "$model" --budgets "$b%" --policies "$policy" --preload
         --ubatches --disk-gbps "$dgbps" --compute-ms "$COMPUTE_MS" --stream-prompts "$stream"
         --overlap-layer "$overlap"
         --read-cpu-s-per-gb "$READ_CPU_S_PER_GB" --drop-cpu-s-per-gb "$DROP_CPU_S_PER_GB" --cpu-cores "$CORES"
@@ -187,12 +190,12 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
     local k=$(((${PROMPT:-0} + UBATCH - 1) / UBATCH)) tmp decode="-" prompt="-" stall="-"
     tmp=$(mktemp)
     if "$BIN/guanaco-sim" "${args[@]}" --warmup 1 --csv "$tmp" >/dev/null 2>&1; then
-        decode=$(csv_field "$tmp" "${policy:-layer-lru}" decode_overlap_tokens_per_second)
-        stall=$(csv_field "$tmp" "${policy:-layer-lru}" decode_stall_ms_per_token)
-        [ "$k" = 1 ] && prompt=$(csv_field "$tmp" "${policy:-layer-lru}" prompt_overlap_tokens_per_second)
+        decode=$(csv_field "$tmp" "$policy" decode_overlap_tokens_per_second)
+        stall=$(csv_field "$tmp" "$policy" decode_stall_ms_per_token)
+        [ "$k" = 1 ] && prompt=$(csv_field "$tmp" "$policy" prompt_overlap_tokens_per_second)
     fi
     if [ "$k" -gt 1 ] && "$BIN/guanaco-sim" "${args[@]}" --warmup "$k" --csv "$tmp" >/dev/null 2>&1; then
-        prompt=$(csv_field "$tmp" "${policy:-layer-lru}" prompt_overlap_tokens_per_second)
+        prompt=$(csv_field "$tmp" "$policy" prompt_overlap_tokens_per_second)
     fi
     rm -f "$tmp"
     [ -z "$pms" ] && prompt="-"
