@@ -38,7 +38,11 @@
 #                       the measured prompt of every rep of the cell; not fio's 1 MiB QD16 rate; fio's where
 #                       page-cache layers overlap their reads, as the engine then times only their issue) and the
 #                       kernel's CPU per GB of 4 KiB page-cache folios (READ_CPU_S_PER_GB, DROP_CPU_S_PER_GB,
-#                       measured with /proc/stat, bench/PIPELINE.md) over the machine's cores.
+#                       measured with /proc/stat, bench/PIPELINE.md) over the machine's cores. The policy is
+#                       the one the engine's log names. A direct-loading cell is replayed with --load direct:
+#                       no folio CPU, its copies' placing and eviction at the CPU-s per GB of the measured
+#                       decode's status lines, and no --overlap-layer (its rate, timed over the matmuls'
+#                       waits, already holds the layer's overlap).
 #   sim error           (simulated - live) / live, against the median
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
