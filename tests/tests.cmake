@@ -70,6 +70,8 @@ guanaco_script_test(sim_pipeline test_sim_pipeline.sh)
 set_property(TEST sim_pipeline APPEND PROPERTY ENVIRONMENT
     "SIM=$<TARGET_FILE:guanaco-sim>" "TRACE_CONVERT=$<TARGET_FILE:guanaco-trace-convert>"
     "TRACEGEN=$<TARGET_FILE:guanaco-tracegen>")
+# bench/report.sh on a hand-made run: direct loading's costs from the status lines, the replay's call, PMD bytes.
+guanaco_script_test(report test_report.sh)
 # The residency module alone: budgeted expert pages over a synthetic mapped file, mincore audit, faults.
 add_test(NAME residency COMMAND test_residency)
 set_tests_properties(residency PROPERTIES SKIP_RETURN_CODE 77) # tmpfs has no page cache to budget

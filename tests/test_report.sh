@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# test_report.sh - owns the check of bench/report.sh on a hand-made run: the
+# direct-loading costs it reads from the engine's status lines (mapping and
+# eviction ms over bytes loaded and evicted, worked out here by hand), that a
+# direct cell is replayed through guanaco-sim with them and the policy its log
+# names (a simulated figure comes out), that a page-cache cell gets none, and
+# that the warm reference's PMD-mapped bytes are stated.
+# Env: MKMODEL, WORKDIR. Uses the build's guanaco-sim, as report.sh does.
+set -u
+: "${MKMODEL:?}" "${WORKDIR:?}"
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[ -x "$ROOT/build/cmake/bin/guanaco-sim" ] || { echo "SKIP: report.sh runs build/cmake/bin/guanaco-sim, not built"; exit 77; }
+W="$WORKDIR/report"
+rm -rf "$W" && mkdir -p "$W/logs"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# A qwen3moe of 4 layers x 8 experts, top-2, and the routing a 25% run recorded: llama-bench's warmup token and
+# two measured ones, each routing layer l to experts 2l and 2l+1 (the engine's trace format, docs/TRACE.md).
+"$MKMODEL" --arch qwen3moe --n-layer 4 --n-embd 64 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --quant Q8_0 \
+    -o "$W/tiny.gguf" >"$W/mkmodel.log" 2>&1
+check "synthetic qwen3moe written" $? "$(cat "$W/mkmodel.log")"
+awk 'BEGIN { for (t = 0; t < 3; t++) for (l = 0; l < 4; l++) print 0, t, l, 2 * l, 2 * l + 1 }' |
+    perl -e 'open(my $out, ">", $ARGV[0]) or die; binmode $out;
+        print $out pack("a8 V V V V a32 a64", "GNCTRACE", 1, 4, 8, 2, "qwen3moe", "test_report");
+        while (<STDIN>) { my ($s, $t, $l, $a, $b) = split; print $out pack("V V V v v f< f<", $t, $s, $l, $a, $b, 0, 0) }
+        close($out) or die' "$W/logs/b25-guanaco-r1.trace"
+check "recorded routing written" $? ""
+cp "$W/logs/b25-guanaco-r1.trace" "$W/logs/b25-guanaco--page-cache-r1.trace"
+
+# The status lines: warmup, then two measured tokens. Each measured one loads 10 experts (0.05 GiB, at 2 GB/s),
+# maps them in 5.0 ms and evicts 8 in 2.0 ms. Map: 2 x 5 ms over 2 x 0.05 GiB = 0.0931 CPU-s per GB. Evict: 2 x 2 ms
+# over 2 x 8 x (0.05 GiB / 10) = 0.0466.
+status_lines() { # status_lines POLICY LOAD
+    echo "guanaco: residency: budget 0.00 GiB of 0.00 GiB expert weights (25%), max 0 experts per layer, policy $1, io io_uring, load $2"
+    for t in 1 2 3; do
+        echo "guanaco: status at token $t: 1 tokens, resident 50.0% of 8 accesses, hot-pinned 0.0%, 10 loads, 0.05 GiB read at 2.00 GB/s, stall 30.0 ms/token (reads 20.0, mapping 5.0 of which repacking 0.0, eviction 2.0, read-ahead wait 0.0), 8 evictions, churn 0.0% (reloaded within 16 tokens), read-ahead 0.0 MiB issued, 0.0 used, 0.0 wasted, recall 0.0%, hidden 0.0% of reads"
+    done
+}
+status_lines lru direct >"$W/logs/b25-guanaco-r1.err"
+status_lines guanaco page-cache >"$W/logs/b25-guanaco--page-cache-r1.err"
+cat >"$W/runs.csv" <<'CSV'
+budget_pct,variant,rep,limit_bytes,tg_ts,pp_ts,read_bytes,max_usage,resident_pct,guanaco_read_gib,guanaco_gbps,miss_bytes_per_token,stall_ms_per_token,prompt_read_bytes,prompt_stall_ms_per_token,cached_before,cached_pct,rc,pmd_mapped_bytes
+100,ram,1,1000000000,10.0,,0,1000,,,,,,,,1000,100.0,0,5000000000
+25,guanaco,1,1000000000,2.0,,1000,1000,50.0,0.15,2.00,53687091,30.0,,,0,0.0,0,
+25,guanaco::page-cache,1,1000000000,2.5,,1000,1000,50.0,0.15,2.00,53687091,30.0,,,0,0.0,0,
+CSV
+out=$(bash "$ROOT/bench/report.sh" --runs "$W/runs.csv" --out "$W" --fio-gbps 1 --tokens 2 --prompt 0 --title test \
+    --machine "2 CPUs (test)" --disk test --margin-mib 1536 --routing test --model "$W/tiny.gguf" 2>&1)
+check "report.sh runs" $? "$out"
+report=$(cat "$W/report.md" 2>/dev/null)
+# the second table: ... | engine GB/s decode / prompt | direct map / evict | simulated prompt | error |
+row() { awk -F' [|] ' -v v="$1" '/^\| budget \| variant \| stall ms\/token/ { t = 1; next } /^$/ { t = 0 }
+    t && $2 == v { print $(NF - 3) "|" $(NF - 2) }' <<<"$report"; }
+[ "$(row guanaco)" = "2.000 / -|0.0931 / 0.0466" ]
+check "direct cell: engine rate 2.000 GB/s, map 0.0931 and evict 0.0466 CPU-s per GB" $? "$(row guanaco)"
+[ "$(row guanaco::page-cache)" = "2.000 / -|- / -" ]
+check "page-cache cell: no direct costs" $? "$(row guanaco::page-cache)"
+# the first table's simulated tok/s: a number for both cells, so guanaco-sim took --load direct, the costs and lru
+sim=$(awk -F' [|] ' '/^\| budget \| variant \| decode tok\/s/ { t = 1; next } /^$/ { t = 0 }
+    t && $2 ~ /^guanaco/ { print $2 "=" $(NF - 1) }' <<<"$report" | tr '\n' ' ')
+grep -Eq '^guanaco=[0-9.]+ guanaco::page-cache=[0-9.]+ $' <<<"$sim"
+check "both cells replayed by guanaco-sim" $? "$sim"
+grep -q "The warm runs mapped 5.00-5.00 GB of the model in 2 MiB pages" <<<"$report"
+check "the warm reference's PMD-mapped bytes are stated" $? "$(grep -A1 'Everything in RAM' <<<"$report")"
+finish
