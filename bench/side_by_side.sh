@@ -275,21 +275,25 @@ run() {
     # How much of the model the warm reference maps in 2 MiB pages (its peak FilePmdMapped): two warm runs of the
     # same decode differed 1.47x with 16 and 0.28 GB so mapped (bench/PIPELINE.md). Sampled
     # every 3 s and in the ram runs only: reading smaps_rollup walks the page tables, tens of ms for 16 GB.
-    local pmd_file="$OUT/logs/$name.pmd" sampler
+    local pmd_file="$OUT/logs/$name.pmd" sampler=""
     rm -f "$pmd_file"
-    (
-        peak=0
-        while [ "$V_KIND" = ram ] && sleep 3; do
-            pid=$(pgrep -n -x llama-bench) || continue
-            kb=$(awk '/^FilePmdMapped:/ { print $2 }' "/proc/$pid/smaps_rollup" 2>/dev/null) || continue
-            if [ "${kb:-0}" -gt "$peak" ]; then peak=$kb; echo $((peak * 1024)) >"$pmd_file"; fi
-        done
-    ) &
-    sampler=$!
+    if [ "$V_KIND" = ram ]; then
+        (
+            peak=0
+            while sleep 3; do
+                pid=$(pgrep -n -x llama-bench) || continue
+                kb=$(awk '/^FilePmdMapped:/ { print $2 }' "/proc/$pid/smaps_rollup" 2>/dev/null) || continue
+                if [ "${kb:-0}" -gt "$peak" ]; then peak=$kb; echo $((peak * 1024)) >"$pmd_file"; fi
+            done
+        ) &
+        sampler=$!
+    fi
     env "${env_extra[@]}" "${wrap[@]}" "$BIN/llama-bench" -m "$MODEL" -p "$PROMPT" -n "$TOKENS" -r 1 -t "$THREADS" \
         -ub "$UBATCH" ${no_repack:+"$no_repack"} -o csv "${flags[@]}" >"$OUT/logs/$name.csv" 2>"$OUT/logs/$name.err" || rc=$?
-    kill "$sampler" 2>/dev/null || true
-    wait "$sampler" 2>/dev/null || true
+    if [ -n "$sampler" ]; then
+        kill "$sampler" 2>/dev/null || true
+        wait "$sampler" 2>/dev/null || true
+    fi
     local pmd
     pmd=$(cat "$pmd_file" 2>/dev/null || true)
     local csv="$OUT/logs/$name.csv" err="$OUT/logs/$name.err"

@@ -16,3 +16,17 @@ finish() {
     [ "$failed" -eq 0 ]
     exit
 }
+# tiny_qwen3moe OUT: the simulator tests' model, a qwen3moe of 4 layers x 8 experts, top-2, 64 x 64 experts in Q8_0
+# (3 * 64 * 64 * 34/32 = 13056 bytes per expert); its log beside it as OUT.log. Needs MKMODEL.
+tiny_qwen3moe() {
+    "$MKMODEL" --arch qwen3moe --n-layer 4 --n-embd 64 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --quant Q8_0 \
+        -o "$1" >"$1.log" 2>&1
+}
+# write_trace OUT < SPEC: a routing trace of tiny_qwen3moe's shape in the engine's recorded format (docs/TRACE.md),
+# SPEC lines "sequence token layer id id" in file order, so a prompt ubatch keeps its rows together.
+write_trace() {
+    perl -e 'open(my $out, ">", $ARGV[0]) or die; binmode $out;
+        print $out pack("a8 V V V V a32 a64", "GNCTRACE", 1, 4, 8, 2, "qwen3moe", "guanaco test");
+        while (<STDIN>) { my ($s, $t, $l, $a, $b) = split; print $out pack("V V V v v f< f<", $t, $s, $l, $a, $b, 0, 0) }
+        close($out) or die' "$1"
+}

@@ -16,14 +16,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # A qwen3moe of 4 layers x 8 experts, top-2, and the routing a 25% run recorded: llama-bench's warmup token and
 # two measured ones, each routing layer l to experts 2l and 2l+1 (the engine's trace format, docs/TRACE.md).
-"$MKMODEL" --arch qwen3moe --n-layer 4 --n-embd 64 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --quant Q8_0 \
-    -o "$W/tiny.gguf" >"$W/mkmodel.log" 2>&1
-check "synthetic qwen3moe written" $? "$(cat "$W/mkmodel.log")"
+tiny_qwen3moe "$W/tiny.gguf"
+check "synthetic qwen3moe written" $? "$(cat "$W/tiny.gguf.log")"
 awk 'BEGIN { for (t = 0; t < 3; t++) for (l = 0; l < 4; l++) print 0, t, l, 2 * l, 2 * l + 1 }' |
-    perl -e 'open(my $out, ">", $ARGV[0]) or die; binmode $out;
-        print $out pack("a8 V V V V a32 a64", "GNCTRACE", 1, 4, 8, 2, "qwen3moe", "test_report");
-        while (<STDIN>) { my ($s, $t, $l, $a, $b) = split; print $out pack("V V V v v f< f<", $t, $s, $l, $a, $b, 0, 0) }
-        close($out) or die' "$W/logs/b25-guanaco-r1.trace"
+    write_trace "$W/logs/b25-guanaco-r1.trace"
 check "recorded routing written" $? ""
 cp "$W/logs/b25-guanaco-r1.trace" "$W/logs/b25-guanaco--page-cache-r1.trace"
 

@@ -23,9 +23,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # --model: expert bytes from a GGUF. A synthetic qwen3moe of 4 layers x 8 experts, top-2, 64 x 64 experts
 # in Q8_0 holds 3 * 64 * 64 * 34/32 = 13056 bytes per expert, 417792 in all.
 if [ -n "${MKMODEL:-}" ]; then
-    "$MKMODEL" --arch qwen3moe --n-layer 4 --n-embd 64 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --quant Q8_0 \
-        -o "$W/tiny.gguf" >"$W/mkmodel.log" 2>&1
-    check "synthetic qwen3moe written" $? "$(cat "$W/mkmodel.log")"
+    tiny_qwen3moe "$W/tiny.gguf"
+    check "synthetic qwen3moe written" $? "$(cat "$W/tiny.gguf.log")"
     awk 'BEGIN { for (t = 0; t < 50; t++) for (l = 0; l < 4; l++) {
         a = (t * 3 + l) % 8; b = (a + 1 + t % 7) % 8
         printf "{\"dataset\": \"d\", \"problem_id\": 0, \"layer\": %d, \"experts\": [%d, %d], \"token_idx\": %d}\n", l, a, b, t
@@ -42,15 +41,7 @@ else
 fi
 
 # The pipeline's timing (offline/simulate.h), on the tiny model: 4 MoE layers of 8 experts, top-2, E = 13056 bytes
-# per expert. Traces written in the engine's recorded format (docs/TRACE.md) by perl, so a prompt ubatch keeps
-# its rows together. Expected times are computed here by hand, not by the tool.
-# write_trace OUT SPEC: SPEC lines "sequence token layer id id", in file order.
-write_trace() {
-    perl -e 'open(my $out, ">", $ARGV[0]) or die; binmode $out;
-        print $out pack("a8 V V V V a32 a64", "GNCTRACE", 1, 4, 8, 2, "qwen3moe", "test_sim pipeline");
-        while (<STDIN>) { my ($s, $t, $l, $a, $b) = split; print $out pack("V V V v v f< f<", $t, $s, $l, $a, $b, 0, 0) }
-        close($out) or die' "$1"
-}
+# per expert. Traces written by lib.sh's write_trace. Expected times are computed here by hand, not by the tool.
 # overlap_of OUT PHASE: "serial overlapped" tok/s of the layer-lru line of PHASE in the pipeline table
 overlap_of() { echo "$1" | awk -v ph="$2" '$1 == "layer-lru" && $3 == ph { print $6, $7 }'; }
 if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
