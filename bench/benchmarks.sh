@@ -73,10 +73,11 @@ if [ "${1:-}" != --assemble ]; then
     bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --budgets "10 25 50 100" --variants "ram plain guanaco" \
         --tokens "$TOKENS" --prompt 0 --reps "$REPS" --out "$DIR/qwen3-random" \
         --title "Qwen3-30B-A3B shape, Q4_0, llama-bench's routing"
-    qwen_ms=$(grep -o 'in-RAM compute per token: [0-9.]* ms' "$DIR/qwen3-random/report.md" | grep -o '[0-9.]* ms' | cut -d' ' -f1)
-    # ram here is the warm prompt reference for the prompt's physical limit; decode compute stays qwen_ms
+    # Every Qwen table has its own warm ram run, alternating with its Guanaco runs, and takes its warm compute
+    # from it: on this VM the same model's warm decode varied 89-157 ms per token between tables of one
+    # benchmark run (bench/SIMULATOR.md), so a reference borrowed from another table misjudges this one.
     bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 --tokens "$TOKENS" \
-        --prompt 32 --reps "$REPS" --compute-ms "$qwen_ms" \
+        --prompt 32 --reps "$REPS" \
         --variants "ram plain lazy guanaco:layer-lru:direct:io_uring guanaco:layer-lru:page-cache:io_uring guanaco:layer-lru:direct:threads guanaco:lru guanaco:lfu guanaco:guanaco" \
         --out "$DIR/qwen3-variants" --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25% budget: every variant"
     # the two ways of making experts resident, alternating, two rounds each
@@ -85,13 +86,13 @@ if [ "${1:-}" != --assemble ]; then
         --compute-ms "$mixtral_ms" --out "$DIR/mixtral-load-ab" \
         --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing, 25%: direct against page-cache loading"
     bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
-        --variants "guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens "$TOKENS" --prompt 0 --reps 2 \
-        --compute-ms "$qwen_ms" --out "$DIR/qwen3-load-ab" \
+        --variants "ram guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens "$TOKENS" --prompt 0 --reps 2 \
+        --out "$DIR/qwen3-load-ab" \
         --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: direct against page-cache loading"
     # prefetch off against on (GUANACO_PREFETCH; pilot is the engine's default), alternating, two rounds each
     bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
         --variants "ram guanaco+prefetch=none guanaco+prefetch=pilot" --tokens "$TOKENS" --prompt 32 --reps 2 \
-        --compute-ms "$qwen_ms" --out "$DIR/qwen3-prefetch-ab" \
+        --out "$DIR/qwen3-prefetch-ab" \
         --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: prefetch none against pilot"
     bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets 25 \
         --variants "guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 8 --prompt 0 --reps 2 \

@@ -31,8 +31,10 @@
 #                       llama-bench ran it: --ubatches (a prompt ubatch is one pass), llama-bench's warmup
 #                       prompt and token replayed but not timed, --preload, the cell's policy, prefetch
 #                       (pilot by default, none for prefetch=none; prefetch=gate is not replayed: its guesses
-#                       need the live activations), stream-prompts and overlap-layer. Inputs, each measured: warm compute per
-#                       decode token (as above) and per prompt token (1000 / the warm ram prompt tok/s; without
+#                       need the live activations), stream-prompts and overlap-layer. Inputs, each measured: compute per
+#                       decode token (the default guanaco run at budget 100's time outside the stall, where the
+#                       table has one that read nothing: compute under the engine; else warm compute, as above)
+#                       and warm compute per prompt token (1000 / the warm ram prompt tok/s; without
 #                       a warm ram prompt rate no prompt is simulated), the disk rate the engine got at its own
 #                       request sizes (its status lines' GB read over read time, over the measured decode and
 #                       the measured prompt of every rep of the cell; not fio's 1 MiB QD16 rate; fio's where
@@ -162,7 +164,7 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
     # it again. Its copies' placing and eviction are charged at the rates measured in the same lines.
     load=$(variant_load "$b" "$v")
     trace="$OUT/logs/b$b-${v//:/-}-r1.trace"
-    [ -f "$trace" ] && [ -n "$COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- - -"; return; }
+    [ -f "$trace" ] && [ -n "$SIM_COMPUTE_MS" ] && [ -n "$model" ] && [ "$dgbps" != - ] || { echo "- - -"; return; }
     # the policy the engine ran: what its first rep said, else the variant's field, else the default (guanaco)
     policy=$(grep -om1 'policy [a-z-]*, io ' "$OUT/logs/b$b-${v//:/-}-r1.err" 2>/dev/null | sed 's/policy \([a-z-]*\),.*/\1/' || true)
     [ -n "$policy" ] || policy=$(cut -d: -f2 <<<"${v%%+*}:")
@@ -181,7 +183,7 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
     done
     [ "$predictor" = gate ] && { echo "gate"; return; }
     local args=(--trace "$trace" --model "$model" --budgets "$b%" --policies "$policy" --preload
-        --ubatches --disk-gbps "$dgbps" --compute-ms "$COMPUTE_MS" --stream-prompts "$stream"
+        --ubatches --disk-gbps "$dgbps" --compute-ms "$SIM_COMPUTE_MS" --stream-prompts "$stream"
         --overlap-layer "$overlap"
         --read-cpu-s-per-gb "$READ_CPU_S_PER_GB" --drop-cpu-s-per-gb "$DROP_CPU_S_PER_GB" --cpu-cores "$CORES"
         --load "$load" --threads 1)
@@ -228,6 +230,18 @@ elif [ "$ram_n" != 0 ]; then
 else
     COMPUTE_SOURCE="no warm ram run and no --compute-ms: no physical limit"
 fi
+# The replay's decode compute. Where the table has the default Guanaco run with every expert resident (budget 100,
+# nothing read while decoding), its time outside the stall is compute under the engine measured directly, in the
+# same run: the replay takes that and adds its own stall. Otherwise warm in-RAM compute stands in for it. That
+# cell reads nothing, so it is not one of the cells the replay is judged on.
+SIM_COMPUTE_MS=$COMPUTE_MS SIM_COMPUTE_SOURCE="warm in-RAM compute, as above"
+read -r resident_out _ _ resident_n <<<"$(stat_of 100 guanaco outside_ms)"
+read -r resident_miss _ <<<"$(stat_of 100 guanaco miss_bytes_per_token)"
+if [ "$resident_n" != 0 ] && [ "$resident_miss" != - ] &&
+    awk -v m="$resident_miss" 'BEGIN { exit !(m < 1048576) }'; then
+    SIM_COMPUTE_MS=$(awk -v o="$resident_out" 'BEGIN { printf "%.1f", o }')
+    SIM_COMPUTE_SOURCE="the 100% guanaco run's time outside the stall: every expert resident, nothing read"
+fi
 budgets=$(awk -F, 'NR > 1 && $2 != "ram" { print $1 }' "$RUNS" | sort -nu | tr '\n' ' ')
 variants=$(awk -F, 'NR > 1 && $2 != "ram" { if (!seen[$2]++) print $2 }' "$RUNS" | tr '\n' ' ')
 guanaco_variants=$(tr ' ' '\n' <<<"$variants" | grep '^guanaco' | tr '\n' ' ' || true)
@@ -263,6 +277,7 @@ done
         [ "$REPACK" = 1 ] && echo "repacking as users run it in the ram and guanaco runs (plain llama.cpp's default; Guanaco's --guanaco-repack), -nr in the others" ||
         echo "-nr (no repacking) in every run")"
     echo "- warm in-RAM compute per token: ${COMPUTE_MS:-unknown} ms ($COMPUTE_SOURCE)"
+    [ -n "$SIM_COMPUTE_MS" ] && echo "- the simulator's decode compute per token: $SIM_COMPUTE_MS ms ($SIM_COMPUTE_SOURCE)"
     echo "- reps per cell: $(awk -F, 'NR > 1 { print $3 }' "$RUNS" | sort -nu | tail -1), variants alternating within each rep; cells show the median and, with more than one rep, [min-max]"
     echo
     if [ "$ram_n" != 0 ]; then

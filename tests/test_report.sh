@@ -4,7 +4,8 @@
 # eviction ms over bytes loaded and evicted, worked out here by hand), that a
 # direct cell is replayed through guanaco-sim with them and the policy its log
 # names (a simulated figure comes out), that a page-cache cell gets none, and
-# that the warm reference's PMD-mapped bytes are stated.
+# that the warm reference's PMD-mapped bytes are stated, and that the replay's compute is the 100% guanaco
+# run's time outside the stall where that run read nothing (else warm compute).
 # Env: MKMODEL, WORKDIR. Uses the build's guanaco-sim, as report.sh does.
 set -u
 : "${MKMODEL:?}" "${WORKDIR:?}"
@@ -58,4 +59,31 @@ grep -Eq '^guanaco=[0-9.]+ guanaco::page-cache=[0-9.]+ $' <<<"$sim"
 check "both cells replayed by guanaco-sim" $? "$sim"
 grep -q "The warm runs mapped 5.00-5.00 GB of the model in 2 MiB pages" <<<"$report"
 check "the warm reference's PMD-mapped bytes are stated" $? "$(grep -A1 'Everything in RAM' <<<"$report")"
+
+# A 100% guanaco run that read nothing: 1000 / 5 tok/s - 1 ms of stall = 199 ms of compute under the engine, which
+# the replay takes instead of the warm 100 ms, so it predicts a slower decode. One that read 2 MiB per token is not
+# compute alone: warm compute stays.
+sim_of() { awk -F' [|] ' '/^\| budget \| variant \| decode tok\/s/ { t = 1; next } /^$/ { t = 0 }
+    t && $1 == "| 25%" && $2 == "guanaco" { print $(NF - 1) }' "$W/report.md"; }
+warm_sim=$(sim_of)
+cp "$W/runs.csv" "$W/runs-warm.csv"
+resident_row() { cp "$W/runs-warm.csv" "$W/runs.csv"
+    echo "100,guanaco,1,1000000000,5.0,,0,1000,100.0,0,0,$1,1.0,,,0,0.0,0," >>"$W/runs.csv"; }
+report_again() { bash "$ROOT/bench/report.sh" --runs "$W/runs.csv" --out "$W" --fio-gbps 1 --tokens 2 --prompt 0 \
+    --title test --machine "2 CPUs (test)" --disk test --margin-mib 1536 --routing test --model "$W/tiny.gguf" 2>&1; }
+resident_row 0
+out=$(report_again)
+check "report.sh runs with a 100% guanaco run" $? "$out"
+grep -q "the simulator's decode compute per token: 199.0 ms (the 100% guanaco run's time outside the stall" "$W/report.md"
+check "the replay's compute is the resident run's time outside the stall" $? "$(grep -m2 'compute per token' "$W/report.md")"
+resident_sim=$(sim_of)
+awk -v a="$resident_sim" -v b="$warm_sim" 'BEGIN { exit !(a + 0 > 0 && a + 0 < b + 0) }'
+check "with 199 ms of compute the replay decodes slower than with warm 100 ms" $? "$resident_sim against $warm_sim"
+resident_row 2097152
+out=$(report_again)
+check "report.sh runs with a 100% guanaco run that read" $? "$out"
+grep -q "the simulator's decode compute per token: 100.0 ms (warm in-RAM compute" "$W/report.md"
+check "a 100% run that read is not taken as compute" $? "$(grep -m2 'compute per token' "$W/report.md")"
+[ "$(sim_of)" = "$warm_sim" ]
+check "and the replay is the warm one's" $? "$(sim_of) against $warm_sim"
 finish
