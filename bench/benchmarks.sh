@@ -3,10 +3,12 @@
 # models it needs (never committed), runs the simulator on both routing
 # sources (the recorded Mixtral traces and the Qwen3-30B-A3B preset), runs the
 # live side-by-side comparisons (bench/side_by_side.sh), and assembles their
-# reports into BENCHMARKS.md with the plots under docs/bench/.
+# reports into BENCHMARKS.md with the plots under docs/bench/, and the README's
+# summary table (bench/readme_table.sh) between its benchmarks markers.
 #
-#   bench/benchmarks.sh              everything (96 min on 2 cores and a 1-2 GB/s disk, models already written)
-#   bench/benchmarks.sh --assemble   only rebuild BENCHMARKS.md from the last runs' reports
+#   bench/benchmarks.sh              everything (about 2 h 10 min on 2 cores and a 1 GB/s disk, models already written:
+#                                    112 min on Dec 3, and overhead.sh's 12 rounds since take about 20 min more)
+#   bench/benchmarks.sh --assemble   only rebuild BENCHMARKS.md and the README's table from the last runs' reports
 #
 # Knobs (environment): BENCH_DIR (models and runs, default build/bench), BENCH_REPS (default 1),
 # BENCH_TOKENS (decode tokens per run, default 16).
@@ -173,3 +175,6 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     section "$ROOT/bench/NOTES.md"
 } | sed "s|$ROOT/||g" >"$ROOT/BENCHMARKS.md"
 echo "benchmarks: wrote $ROOT/BENCHMARKS.md"
+
+# The README's summary table, between its markers, from the same reports
+bash "$ROOT/bench/readme_table.sh" "$DIR" --into "$ROOT/README.md"

@@ -10,12 +10,12 @@
 # order statistics alone, says whether 3% can be told apart (with 12 rounds or
 # more one slow round does not decide it).
 #
-#   bench/overhead.sh --model M.gguf [--prompt 512] [--tokens 32] [--reps 3] [--rounds 12] [--threads N]
+#   bench/overhead.sh --model M.gguf [--prompt 512] [--tokens 32] [--reps 1] [--rounds 12] [--threads N]
 #                     [--load direct] [--prefetch none]
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN="$ROOT/build/cmake/bin"
-MODEL="" PROMPT=512 TOKENS=32 REPS=3 ROUNDS=12 LOAD=direct THREADS="" PREFETCH=""
+MODEL="" PROMPT=512 TOKENS=32 REPS=1 ROUNDS=12 LOAD=direct THREADS="" PREFETCH=""
 while [ $# -gt 0 ]; do
     case $1 in
     --model) MODEL=$2 ;; --prompt) PROMPT=$2 ;; --tokens) TOKENS=$2 ;; --reps) REPS=$2 ;; --rounds) ROUNDS=$2 ;;

@@ -72,6 +72,8 @@ set_property(TEST sim_pipeline APPEND PROPERTY ENVIRONMENT
     "TRACEGEN=$<TARGET_FILE:guanaco-tracegen>")
 # bench/report.sh on a hand-made run: direct loading's costs from the status lines, the replay's call, PMD bytes.
 guanaco_script_test(report test_report.sh)
+# bench/readme_table.sh: the README's summary cells from the reports, spliced between its markers.
+guanaco_script_test(readme_table test_readme_table.sh)
 # The residency module alone: budgeted expert pages over a synthetic mapped file, mincore audit, faults.
 add_test(NAME residency COMMAND test_residency)
 set_tests_properties(residency PROPERTIES SKIP_RETURN_CODE 77) # tmpfs has no page cache to budget
