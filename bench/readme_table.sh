@@ -12,7 +12,7 @@
 # A cell reads "G vs P: **Nx**, L%": Guanaco's and plain's median decode tok/s,
 # their ratio as the report gives it, and Guanaco's share of the overlapped
 # physical limit where the report has one. A missing report or cell is left
-# empty; a table that ran no plain variant says so.
+# empty; without a plain run at that budget a cell gives Guanaco's rate alone.
 set -euo pipefail
 DIR=${1:?usage: readme_table.sh BENCH_DIR [--into FILE]}
 INTO=""
@@ -59,7 +59,8 @@ table() { # the markdown table, header first
         done
         reps=$(sed -n 's/^- reps per cell: \([0-9]*\),.*/\1/p' "$report")
         fio=$(grep -m1 -o 'O_DIRECT on the model file: \*\*[0-9.]* GB/s' "$report" | grep -o '[0-9.]* GB/s' | cut -d' ' -f1)
-        echo "$line | ${reps:-?}, $(printf '%.2f' "${fio:-0}") |"
+        [ -n "$fio" ] && fio=$(printf '%.2f' "$fio")
+        echo "$line | ${reps:-?}, ${fio:-?} |"
     done
 }
 

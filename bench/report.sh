@@ -346,7 +346,7 @@ done
     echo "% of limit: decode tok/s over the (overlapped) physical limit. simulated tok/s: guanaco-sim replaying the"
     echo "routing rep 1 recorded, as llama-bench ran it (ubatches, warmup replayed untimed, preload, the cell's"
     echo "policy, prefetch, stream-prompts and overlap-layer; prefetch=gate is not replayed: its guesses need live activations),"
-    echo "with warm in-RAM compute, the disk rate the engine got in the cell's measured decode and prompt (next"
+    echo "with the simulator's decode compute above (warm in-RAM unless a 100% guanaco run measured it), the disk rate the engine got in the cell's measured decode and prompt (next"
     echo "table; not fio, except with page-cache loading and --guanaco-overlap-layer on, where the engine times only"
     echo "the reads' issue and fio is used) and the kernel's CPU per GB of 4 KiB folios ($READ_CPU_S_PER_GB s read, $DROP_CPU_S_PER_GB s drop,"
     echo "$CORES cores); with direct loading, whose status lines time the matmuls' waits (the layer's overlap is in"
