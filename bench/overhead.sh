@@ -63,9 +63,9 @@ echo "paired ratio guanaco / plain, median [min-max]: $(summary "${ratios[@]}")"
 # even min-max covers less, and no verdict is given). One slow round then cannot hide a clear answer, nor invent one.
 printf '%s\n' "${ratios[@]}" | sort -g | awk '{ v[NR] = $1 } END {
     n = NR; m = n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-    tail = 0; k = 1; term = 1                 # term = C(n, i) / 2^n, tail = P(Binomial(n, 1/2) < k)
+    term = 1                                  # term = C(n, k - 1) / 2^n, tail = P(Binomial(n, 1/2) < k)
     for (i = 0; i < n; i++) term /= 2
-    tail = term; coverage = 1 - 2 * tail     # k = 1
+    k = 1; tail = term; coverage = 1 - 2 * tail
     while (k + 1 <= (n + 1) / 2) {
         next_term = term * (n - k + 1) / k    # C(n, k) / 2^n
         if (1 - 2 * (tail + next_term) < 0.95) break

@@ -70,12 +70,10 @@ if [ -z "$INTO" ]; then
 fi
 grep -qx '<!-- benchmarks:begin -->' "$INTO" && grep -qx '<!-- benchmarks:end -->' "$INTO" ||
     { echo "readme_table: $INTO has no benchmarks:begin / benchmarks:end markers" >&2; exit 1; }
-table >"$INTO.table"
-awk -v table="$INTO.table" '
-    $0 == "<!-- benchmarks:begin -->" { print; while ((getline line < table) > 0) print line; skip = 1; next }
+# the table travels in the environment: awk -v would read its backslashes as escapes
+TABLE=$(table) awk '
+    $0 == "<!-- benchmarks:begin -->" { print; print ENVIRON["TABLE"]; skip = 1; next }
     $0 == "<!-- benchmarks:end -->" { skip = 0 }
-    !skip { print }' "$INTO" >"$INTO.new" && mv "$INTO.new" "$INTO"
-status=$?
-rm -f "$INTO.table" "$INTO.new"
-[ $status = 0 ] && echo "readme_table: wrote the table into $INTO"
-exit $status
+    !skip { print }' "$INTO" >"$INTO.new"
+mv "$INTO.new" "$INTO"
+echo "readme_table: wrote the table into $INTO"

@@ -3,9 +3,10 @@
 # direct-loading costs it reads from the engine's status lines (mapping and
 # eviction ms over bytes loaded and evicted, worked out here by hand), that a
 # direct cell is replayed through guanaco-sim with them and the policy its log
-# names (a simulated figure comes out), that a page-cache cell gets none, and
-# that the warm reference's PMD-mapped bytes are stated, and that the replay's compute is the 100% guanaco
-# run's time outside the stall where that run read nothing (else warm compute).
+# names (a simulated figure comes out), that a page-cache cell gets none,
+# that the warm reference's PMD-mapped bytes are stated, and that the replay's
+# compute is the 100% guanaco run's time outside the stall where that run read
+# nothing (else warm compute).
 # Env: MKMODEL, WORKDIR. Uses the build's guanaco-sim, as report.sh does.
 set -u
 : "${MKMODEL:?}" "${WORKDIR:?}"
