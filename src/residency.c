@@ -1041,9 +1041,15 @@ static void add_spare(struct guanaco_residency *r, char *at, uint64_t length) {
     r->spare_bytes += length;
 }
 
-/* Moves the anonymous pages at [at, at + length) out to a new spare, if there is room; the range is left
-   unmapped then, for the caller to map the file over. */
+/*
+ * Moves the anonymous pages at [at, at + length) out to a new spare, if there is room. The range stays mapped
+ * (MREMAP_DONTUNMAP leaves it empty, zero-filled on a touch) until the caller maps the file over it: a range
+ * left unmapped even for a moment is a hole any other thread's mmap can land in (a thread stack, ASan's own
+ * bookkeeping), which the file's MAP_FIXED mapping then overwrote; seen as a SIGSEGV in a test's matmul thread
+ * and in ASan's thread teardown. Where the kernel refuses the flag (before 5.7) the copy is simply freed.
+ */
 static void keep_spare(struct guanaco_residency *r, char *at, uint64_t length) {
+#ifdef MREMAP_DONTUNMAP
     if (!spare_room(r, length)) {
         return;
     }
@@ -1051,7 +1057,7 @@ static void keep_spare(struct guanaco_residency *r, char *at, uint64_t length) {
     if (spare == MAP_FAILED) {
         return;
     }
-    if (mremap(at, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, spare) == MAP_FAILED) {
+    if (mremap(at, length, length, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, spare) == MAP_FAILED) {
         munmap(spare, length);
         return;
     }
@@ -1062,6 +1068,9 @@ static void keep_spare(struct guanaco_residency *r, char *at, uint64_t length) {
         return;
     }
     add_spare(r, spare, length);
+#else
+    (void)r, (void)at, (void)length;
+#endif
 }
 
 /* Copies read and never placed (a failed expert's, a guess nobody claimed) become spares, or go back to the
@@ -1117,7 +1126,7 @@ static void set_streaming(struct guanaco_residency *r, bool streaming) {
 static int restore_file_pages(struct guanaco_residency *r, const struct tensor *t, uint64_t start, uint64_t end) {
     void *at = (void *)(uintptr_t)address_of(t, start);
     if (!r->shared) {
-        keep_spare(r, at, end - start); /* leaves the range unmapped until the mmap below */
+        keep_spare(r, at, end - start); /* leaves the range mapped, empty, for the mmap below to replace */
     }
     return map_file_range(r, t, start, end);
 }

@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1408,6 +1409,62 @@ static void test_stream_prompts(enum guanaco_io_backend io) {
  * spares back to the kernel, its evictions keep none, and decode's
  * evictions make them again.
  */
+/* Watches the model's mapping from another thread: mincore fails with ENOMEM on any unmapped page in the range. */
+struct hole_probe {
+    const struct model *m;
+    atomic_bool stop;
+    size_t probes, holes;
+};
+
+static void *hole_probe_main(void *arg) {
+    struct hole_probe *probe = arg;
+    size_t n_pages = (size_t)(page_up(probe->m->size) / P);
+    unsigned char *cached = malloc(n_pages);
+    while (cached && !atomic_load(&probe->stop)) {
+        probe->holes += mincore((void *)(uintptr_t)probe->m->map, probe->m->size, cached) != 0 && errno == ENOMEM;
+        probe->probes++;
+    }
+    free(cached);
+    return NULL;
+}
+
+/*
+ * DIRECT's eviction keeps the copy's pages as a spare and maps the file back over the slice. Between the two,
+ * the slice must never be unmapped: any thread's mmap (a thread stack, ASan's bookkeeping) could land in the
+ * hole, and the file's MAP_FIXED mapping would then overwrite it. Seen as a SIGSEGV under ASan, in a matmul
+ * thread and in thread teardown.
+ */
+static void test_eviction_leaves_no_hole(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
+    struct guanaco_residency_config config = config_of(m, all / 4, 0, GUANACO_POLICY_LRU, io);
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    struct hole_probe probe = {.m = m};
+    pthread_t thread;
+    CHECK(pthread_create(&thread, NULL, hole_probe_main, &probe) == 0);
+    for (uint64_t token = 0; token < 24; token++) { /* a new pair in every layer at every token: lru evicts */
+        const int32_t pair[2] = {(int32_t)(2 * token % N_EXPERT), (int32_t)((2 * token + 1) % N_EXPERT)};
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            CHECK(prepare(m, r, l, pair, 2, token) == 0);
+        }
+    }
+    atomic_store(&probe.stop, true);
+    pthread_join(thread, NULL);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.evictions > 0 && st.spare_bytes > 0); /* copies were evicted into spares while the probe watched */
+    CHECK(probe.probes > 0);
+    CHECK(probe.holes == 0);
+    printf("  %-8s eviction into spares: %zu holes in %zu looks at the mapping\n", guanaco_io_backend_name(io),
+           probe.holes, probe.probes);
+    verify(m, r, UINT32_MAX, NULL, 0, all / 4, 0, -1);
+    guanaco_residency_destroy(r);
+}
+
 static void test_streaming_frees_spares(const struct model *m, enum guanaco_io_backend io) {
     drop_whole_file(m);
     const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
@@ -2061,6 +2118,7 @@ int main(void) {
         overlap_layer = false;
         if (load_mode == GUANACO_RESIDENCY_LOAD_DIRECT) {
             test_streaming_frees_spares(&m, io);
+            test_eviction_leaves_no_hole(&m, io);
             test_direct_mappings_merge(io);
         }
         /* read-ahead, right and wrong, then a prompt-sized batch with a tight budget (DIRECT: into copies) */
