@@ -1403,12 +1403,6 @@ static void test_stream_prompts(enum guanaco_io_backend io) {
     free_model(&sm);
 }
 
-/*
- * DIRECT: evicted copies wait as spares for decode's next reads, but a
- * streamed prompt reads through the page cache: its first call gives the
- * spares back to the kernel, its evictions keep none, and decode's
- * evictions make them again.
- */
 /* Watches the model's mapping from another thread: mincore fails with ENOMEM on any unmapped page in the range. */
 struct hole_probe {
     const struct model *m;
@@ -1465,6 +1459,12 @@ static void test_eviction_leaves_no_hole(const struct model *m, enum guanaco_io_
     guanaco_residency_destroy(r);
 }
 
+/*
+ * DIRECT: evicted copies wait as spares for decode's next reads, but a
+ * streamed prompt reads through the page cache: its first call gives the
+ * spares back to the kernel, its evictions keep none, and decode's
+ * evictions make them again.
+ */
 static void test_streaming_frees_spares(const struct model *m, enum guanaco_io_backend io) {
     drop_whole_file(m);
     const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
