@@ -2,8 +2,9 @@
 # Warm in-RAM decode with the weights in 2 MiB pages or in 4 KiB pages, alternating rounds.
 # mmap: the page cache (PMD-mapped where its folios are 2 MiB); none-4k: llama.cpp's own buffers (-lm none,
 # anonymous memory) with THP off; none-thp: the same with THP always.
-M=/var/tmp/bench2/qwen3-30b-a3b-24L-Q8_0.gguf
-B=/work/main/build/cmake/bin
+# usage (root, from the repository root): bash docs/bench/warm-page-size-dec4.sh MODEL.gguf; it sets THP back after
+M=${1:?usage: warm-page-size-dec4.sh MODEL.gguf}
+B=${B:-build/cmake/bin}
 THP=/sys/kernel/mm/transparent_hugepage/enabled
 orig=$(grep -o '\[[a-z]*\]' $THP | tr -d '[]')
 cat $M > /dev/null
