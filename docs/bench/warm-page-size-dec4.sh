@@ -7,6 +7,7 @@ M=${1:?usage: warm-page-size-dec4.sh MODEL.gguf}
 B=${B:-build/cmake/bin}
 THP=/sys/kernel/mm/transparent_hugepage/enabled
 orig=$(grep -o '\[[a-z]*\]' $THP | tr -d '[]')
+trap 'echo $orig > $THP' EXIT # THP as it was, even when interrupted
 cat $M > /dev/null
 for round in 1 2 3; do
   for cfg in mmap none-4k none-thp; do
