@@ -1,0 +1,264 @@
+/*
+ * page_table_bench.c - owns measuring what direct loading's page-table work
+ * costs on this machine, apart from the disk: for expert-sized slices of a
+ * file, the time of the syscalls that place and evict an anonymous copy
+ * (src/residency.c: mprotect and mremap into the file's mapping, mremap out to
+ * a spare and mmap of the file back), and the time of the first read of every
+ * page afterwards, which is what a matmul pays. It compares them with a copy
+ * read in place into anonymous memory that never moves, and with a warm read.
+ * Where the hypervisor keeps its own (shadow) page tables, a moved page's
+ * first read traps to it without any fault the guest can count: that time
+ * appears as slower compute, not as engine time. Not a test: it checks only
+ * errors and that every copy holds the file's bytes.
+ *
+ * usage: guanaco-page-table-bench [-s slice] [-n slices] [-r rounds] FILE
+ * Sizes take a k, m or g suffix (binary). Defaults: 1632k slices (a
+ * Qwen3-30B-A3B Q8_0 expert's gate, up or down tensor), 40 of them, 3 rounds.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PAGE 4096ull
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static long minor_faults(void) {
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    return usage.ru_minflt;
+}
+
+static uint64_t parse_size(const char *text) {
+    char *end;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    uint64_t scale = 1;
+    switch (*end) {
+    case 'k': case 'K': scale = 1ull << 10; end++; break;
+    case 'm': case 'M': scale = 1ull << 20; end++; break;
+    case 'g': case 'G': scale = 1ull << 30; end++; break;
+    default: break;
+    }
+    if (errno || end == text || *end || value == 0 || value > (1ull << 40) / scale) {
+        return 0;
+    }
+    return value * scale;
+}
+
+static volatile uint64_t sink;
+
+/* One 8-byte read per page: the first touch's cost, not the bandwidth. */
+static double touch(const char *at, uint64_t length) {
+    double start = now_ms();
+    uint64_t sum = 0;
+    for (uint64_t o = 0; o < length; o += PAGE) {
+        sum += *(const volatile uint64_t *)(at + o);
+    }
+    sink = sum;
+    return now_ms() - start;
+}
+
+struct phase {
+    const char *name;
+    double syscall_ms, read_ms, touch_ms;
+    long touch_faults;
+};
+
+static void report(const struct phase *p, uint64_t pages) {
+    printf("%-44s  syscalls %7.0f ns/page  first touch %7.0f ns/page (%ld guest faults)  O_DIRECT read %6.2f GB/s\n",
+           p->name, p->syscall_ms * 1e6 / (double)pages, p->touch_ms * 1e6 / (double)pages, p->touch_faults,
+           p->read_ms > 0 ? (double)pages * PAGE / p->read_ms / 1e6 : 0.0);
+}
+
+static int read_exact(int fd, char *into, uint64_t length, uint64_t offset) {
+    uint64_t done = 0;
+    while (done < length) {
+        ssize_t n = pread(fd, into + done, length - done, (off_t)(offset + done));
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            return n < 0 ? -errno : -ENODATA;
+        }
+        done += (uint64_t)n;
+    }
+    return 0;
+}
+
+static int fail(const char *what) {
+    fprintf(stderr, "page_table_bench: %s: %s\n", what, strerror(errno));
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    uint64_t slice = 1632ull << 10, n_slices = 40, rounds = 3;
+    int opt;
+    while ((opt = getopt(argc, argv, "s:n:r:")) != -1) {
+        uint64_t value = parse_size(optarg);
+        if (value == 0 || (opt != 's' && value > 100000)) {
+            fprintf(stderr, "page_table_bench: bad value for -%c: %s\n", opt, optarg);
+            return 2;
+        }
+        if (opt == 's') {
+            slice = (value + PAGE - 1) / PAGE * PAGE;
+        } else if (opt == 'n') {
+            n_slices = value;
+        } else if (opt == 'r') {
+            rounds = value;
+        } else {
+            return 2;
+        }
+    }
+    if (optind + 1 != argc) {
+        fprintf(stderr, "usage: guanaco-page-table-bench [-s slice] [-n slices] [-r rounds] FILE\n");
+        return 2;
+    }
+    const char *path = argv[optind];
+    uint64_t length = slice * n_slices, pages = length / PAGE;
+    int fd = open(path, O_RDONLY), direct_fd = open(path, O_RDONLY | O_DIRECT);
+    struct stat st;
+    if (fd < 0 || direct_fd < 0 || fstat(fd, &st) != 0) {
+        return fail(path);
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < length) {
+        fprintf(stderr, "page_table_bench: %s: need a regular file of at least %llu bytes\n", path,
+                (unsigned long long)length);
+        return 2;
+    }
+    char *reference = malloc(length);
+    if (!reference || read_exact(fd, reference, length, 0) != 0) {
+        return fail("reading the reference copy");
+    }
+    /* the file's mapping, as the residency maps an expert tensor from its own descriptor */
+    char *mapping = mmap(NULL, length, PROT_READ, MAP_SHARED, fd, 0);
+    /* anonymous memory that never moves: a copy read in place */
+    char *in_place = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char **spare = calloc(n_slices, sizeof(*spare));
+    if (mapping == MAP_FAILED || in_place == MAP_FAILED || !spare) {
+        return fail("mapping");
+    }
+    memset(in_place, 0, length);
+    printf("page_table_bench: %s, %llu slices of %llu KiB (%llu pages), %llu rounds\n", path,
+           (unsigned long long)n_slices, (unsigned long long)(slice >> 10), (unsigned long long)pages,
+           (unsigned long long)rounds);
+    for (uint64_t round = 1; round <= rounds; round++) {
+        printf("round %llu\n", (unsigned long long)round);
+        /* the file's pages, cached (read above), faulted into a mapping that has not seen them */
+        if (madvise(mapping, length, MADV_DONTNEED) != 0) {
+            return fail("madvise");
+        }
+        struct phase file = {.name = "page cache, first touch of the mapping"};
+        long faults = minor_faults();
+        file.touch_ms = touch(mapping, length);
+        file.touch_faults = minor_faults() - faults;
+        report(&file, pages);
+
+        /* direct loading: read into a copy (fresh in round 1, then a spare), make it read-only, move it in */
+        struct phase place = {.name = round == 1 ? "copy placed by mremap (fresh pages)" : "copy placed by mremap (a spare)"};
+        for (uint64_t i = 0; i < n_slices; i++) {
+            double start = now_ms();
+            if (!spare[i]) {
+                spare[i] = mmap(NULL, slice, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                if (spare[i] == MAP_FAILED) {
+                    return fail("mmap");
+                }
+            }
+            place.syscall_ms += now_ms() - start;
+            start = now_ms();
+            if (read_exact(direct_fd, spare[i], slice, i * slice) != 0) {
+                return fail("O_DIRECT read");
+            }
+            place.read_ms += now_ms() - start;
+            start = now_ms();
+            if (mprotect(spare[i], slice, PROT_READ) != 0 ||
+                mremap(spare[i], slice, slice, MREMAP_MAYMOVE | MREMAP_FIXED, mapping + i * slice) == MAP_FAILED) {
+                return fail("placing");
+            }
+            place.syscall_ms += now_ms() - start;
+            spare[i] = NULL;
+        }
+        faults = minor_faults();
+        place.touch_ms = touch(mapping, length);
+        place.touch_faults = minor_faults() - faults;
+        report(&place, pages);
+        if (memcmp(mapping, reference, length) != 0) {
+            fprintf(stderr, "page_table_bench: a placed copy differs from the file\n");
+            return 1;
+        }
+        struct phase warm = {.name = "placed copies, second touch"};
+        warm.touch_ms = touch(mapping, length);
+        report(&warm, pages);
+
+        /* eviction: the copy moves out to a spare (the range stays mapped, empty), the file goes back over it */
+        struct phase evict = {.name = "eviction to a spare, file mapped back"};
+        double start = now_ms();
+        for (uint64_t i = 0; i < n_slices; i++) {
+#ifdef MREMAP_DONTUNMAP
+            spare[i] = mmap(NULL, slice, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (spare[i] == MAP_FAILED ||
+                mremap(mapping + i * slice, slice, slice, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
+                       spare[i]) == MAP_FAILED ||
+                mprotect(spare[i], slice, PROT_READ | PROT_WRITE) != 0) {
+                return fail("evicting");
+            }
+#endif
+            if (mmap(mapping + i * slice, slice, PROT_READ, MAP_SHARED | MAP_FIXED, fd, (off_t)(i * slice)) ==
+                MAP_FAILED) {
+                return fail("mapping the file back");
+            }
+        }
+        evict.syscall_ms = now_ms() - start;
+        report(&evict, pages);
+
+        /* the alternative: read in place into anonymous memory whose pages never move */
+        struct phase still = {.name = "copy read in place (no page-table change)"};
+        start = now_ms();
+        for (uint64_t i = 0; i < n_slices; i++) {
+            if (read_exact(direct_fd, in_place + i * slice, slice, i * slice) != 0) {
+                return fail("O_DIRECT read in place");
+            }
+        }
+        still.read_ms = now_ms() - start;
+        faults = minor_faults();
+        still.touch_ms = touch(in_place, length);
+        still.touch_faults = minor_faults() - faults;
+        report(&still, pages);
+        if (memcmp(in_place, reference, length) != 0) {
+            fprintf(stderr, "page_table_bench: an in-place copy differs from the file\n");
+            return 1;
+        }
+
+        /* an arena's way: the pages go back to the kernel at eviction, and the next read gets fresh ones */
+        struct phase fresh = {.name = "read in place after MADV_DONTNEED (arena)"};
+        start = now_ms();
+        if (madvise(in_place, length, MADV_DONTNEED) != 0) {
+            return fail("madvise");
+        }
+        fresh.syscall_ms = now_ms() - start;
+        start = now_ms();
+        for (uint64_t i = 0; i < n_slices; i++) {
+            if (read_exact(direct_fd, in_place + i * slice, slice, i * slice) != 0) {
+                return fail("O_DIRECT read into fresh pages");
+            }
+        }
+        fresh.read_ms = now_ms() - start;
+        faults = minor_faults();
+        fresh.touch_ms = touch(in_place, length);
+        fresh.touch_faults = minor_faults() - faults;
+        report(&fresh, pages);
+    }
+    return 0;
+}
