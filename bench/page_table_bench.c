@@ -103,6 +103,29 @@ static int fail(const char *what) {
     return 1;
 }
 
+/* Reads every slice with O_DIRECT into its place in `at`, then reads each page once, reports and checks the
+   bytes; 0, or 1 after a message. */
+static int read_in_place(struct phase *p, int direct_fd, char *at, uint64_t slice, uint64_t n_slices,
+                         const char *reference) {
+    uint64_t length = slice * n_slices;
+    double start = now_ms();
+    for (uint64_t i = 0; i < n_slices; i++) {
+        if (read_exact(direct_fd, at + i * slice, slice, i * slice) != 0) {
+            return fail("O_DIRECT read in place");
+        }
+    }
+    p->read_ms = now_ms() - start;
+    long faults = minor_faults();
+    p->touch_ms = touch(at, length);
+    p->touch_faults = minor_faults() - faults;
+    report(p, length / PAGE);
+    if (memcmp(at, reference, length) != 0) {
+        fprintf(stderr, "page_table_bench: a copy read in place differs from the file\n");
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     uint64_t slice = 1632ull << 10, n_slices = 40, rounds = 3;
     int opt;
@@ -225,19 +248,7 @@ int main(int argc, char **argv) {
 
         /* the alternative: read in place into anonymous memory whose pages never move */
         struct phase still = {.name = "copy read in place (no page-table change)"};
-        start = now_ms();
-        for (uint64_t i = 0; i < n_slices; i++) {
-            if (read_exact(direct_fd, in_place + i * slice, slice, i * slice) != 0) {
-                return fail("O_DIRECT read in place");
-            }
-        }
-        still.read_ms = now_ms() - start;
-        faults = minor_faults();
-        still.touch_ms = touch(in_place, length);
-        still.touch_faults = minor_faults() - faults;
-        report(&still, pages);
-        if (memcmp(in_place, reference, length) != 0) {
-            fprintf(stderr, "page_table_bench: an in-place copy differs from the file\n");
+        if (read_in_place(&still, direct_fd, in_place, slice, n_slices, reference) != 0) {
             return 1;
         }
 
@@ -248,17 +259,9 @@ int main(int argc, char **argv) {
             return fail("madvise");
         }
         fresh.syscall_ms = now_ms() - start;
-        start = now_ms();
-        for (uint64_t i = 0; i < n_slices; i++) {
-            if (read_exact(direct_fd, in_place + i * slice, slice, i * slice) != 0) {
-                return fail("O_DIRECT read into fresh pages");
-            }
+        if (read_in_place(&fresh, direct_fd, in_place, slice, n_slices, reference) != 0) {
+            return 1;
         }
-        fresh.read_ms = now_ms() - start;
-        faults = minor_faults();
-        fresh.touch_ms = touch(in_place, length);
-        fresh.touch_faults = minor_faults() - faults;
-        report(&fresh, pages);
     }
     return 0;
 }
