@@ -130,6 +130,9 @@ int main(int argc, char **argv) {
     uint64_t slice = 1632ull << 10, n_slices = 40, rounds = 3;
     int opt;
     while ((opt = getopt(argc, argv, "s:n:r:")) != -1) {
+        if (opt == '?') {
+            return 2; /* getopt said which */
+        }
         uint64_t value = parse_size(optarg);
         if (value == 0 || (opt != 's' && value > 100000)) {
             fprintf(stderr, "page_table_bench: bad value for -%c: %s\n", opt, optarg);
@@ -139,10 +142,8 @@ int main(int argc, char **argv) {
             slice = (value + PAGE - 1) / PAGE * PAGE;
         } else if (opt == 'n') {
             n_slices = value;
-        } else if (opt == 'r') {
-            rounds = value;
         } else {
-            return 2;
+            rounds = value;
         }
     }
     if (optind + 1 != argc) {
@@ -156,7 +157,7 @@ int main(int argc, char **argv) {
     if (fd < 0 || direct_fd < 0 || fstat(fd, &st) != 0) {
         return fail(path);
     }
-    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < length) {
+    if (!S_ISREG(st.st_mode) || slice > (uint64_t)st.st_size / n_slices) {
         fprintf(stderr, "page_table_bench: %s: need a regular file of at least %llu bytes\n", path,
                 (unsigned long long)length);
         return 2;
