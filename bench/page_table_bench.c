@@ -9,12 +9,14 @@
  * Where the hypervisor keeps its own (shadow) page tables, a moved page's
  * first read traps to it without any fault the guest can count: that time
  * appears as slower compute, not as engine time. Not a test: it checks only
- * errors and that every copy holds the file's bytes.
+ * errors and that every copy holds the file's bytes. Reads go through src/io.c, as the engine's do.
  *
  * usage: guanaco-page-table-bench [-s slice] [-n slices] [-r rounds] FILE
  * Sizes take a k, m or g suffix (binary). Defaults: 1632k slices (a
  * Qwen3-30B-A3B Q8_0 expert's gate, up or down tensor), 40 of them, 3 rounds.
  */
+#include "io.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -83,19 +85,21 @@ static void report(const struct phase *p, uint64_t pages) {
            p->read_ms > 0 ? (double)pages * PAGE / p->read_ms / 1e6 : 0.0);
 }
 
-static int read_exact(int fd, char *into, uint64_t length, uint64_t offset) {
-    uint64_t done = 0;
-    while (done < length) {
-        ssize_t n = pread(fd, into + done, length - done, (off_t)(offset + done));
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            return n < 0 ? -errno : -ENODATA;
-        }
-        done += (uint64_t)n;
+/* Reads slice i of the file into destinations[i] (with destinations NULL, to base + i * slice), every slice in
+   one batch of src/io.c's, as the engine reads a layer's missing experts; 0 or -errno. */
+static int read_slices(struct guanaco_io *io, int fd, char *const *destinations, char *base, uint64_t slice,
+                       uint64_t n_slices) {
+    struct guanaco_io_request *requests = calloc(n_slices, sizeof(*requests));
+    if (!requests) {
+        return -ENOMEM;
     }
-    return 0;
+    for (uint64_t i = 0; i < n_slices; i++) {
+        requests[i] = (struct guanaco_io_request){
+            .fd = fd, .offset = i * slice, .length = slice, .destination = destinations ? destinations[i] : base + i * slice};
+    }
+    int ret = guanaco_io_read_batch(io, requests, n_slices);
+    free(requests);
+    return ret;
 }
 
 static int fail(const char *what) {
@@ -105,16 +109,16 @@ static int fail(const char *what) {
 
 /* Reads every slice with O_DIRECT into its place in `at`, then reads each page once, reports and checks the
    bytes; 0, or 1 after a message. */
-static int read_in_place(struct phase *p, int direct_fd, char *at, uint64_t slice, uint64_t n_slices,
-                         const char *reference) {
+static int read_in_place(struct phase *p, struct guanaco_io *io, int direct_fd, char *at, uint64_t slice,
+                         uint64_t n_slices, const char *reference) {
     uint64_t length = slice * n_slices;
     double start = now_ms();
-    for (uint64_t i = 0; i < n_slices; i++) {
-        if (read_exact(direct_fd, at + i * slice, slice, i * slice) != 0) {
-            return fail("O_DIRECT read in place");
-        }
-    }
+    int ret = read_slices(io, direct_fd, NULL, at, slice, n_slices);
     p->read_ms = now_ms() - start;
+    if (ret != 0) {
+        errno = -ret;
+        return fail("O_DIRECT read in place");
+    }
     long faults = minor_faults();
     p->touch_ms = touch(at, length);
     p->touch_faults = minor_faults() - faults;
@@ -162,8 +166,19 @@ int main(int argc, char **argv) {
                 (unsigned long long)length);
         return 2;
     }
+    /* the engine's reads: io_uring where the kernel allows it, 1 MiB requests, queue depth 16 */
+    struct guanaco_io *io = NULL;
+    int ret = guanaco_io_create(GUANACO_IO_URING, 16, 1u << 20, &io);
+    if (ret == -ENOSYS) {
+        ret = guanaco_io_create(GUANACO_IO_THREADS, 16, 1u << 20, &io);
+    }
+    if (ret != 0) {
+        errno = -ret;
+        return fail("starting reads");
+    }
     char *reference = malloc(length);
-    if (!reference || read_exact(fd, reference, length, 0) != 0) {
+    if (!reference || (ret = read_slices(io, fd, NULL, reference, slice, n_slices)) != 0) {
+        errno = reference ? -ret : ENOMEM;
         return fail("reading the reference copy");
     }
     /* the file's mapping, as the residency maps an expert tensor from its own descriptor */
@@ -192,28 +207,32 @@ int main(int argc, char **argv) {
 
         /* direct loading: read into a copy (fresh in round 1, then a spare), make it read-only, move it in */
         struct phase place = {.name = round == 1 ? "copy placed by mremap (fresh pages)" : "copy placed by mremap (a spare)"};
+        double start = now_ms();
         for (uint64_t i = 0; i < n_slices; i++) {
-            double start = now_ms();
             if (!spare[i]) {
                 spare[i] = mmap(NULL, slice, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
                 if (spare[i] == MAP_FAILED) {
                     return fail("mmap");
                 }
             }
-            place.syscall_ms += now_ms() - start;
-            start = now_ms();
-            if (read_exact(direct_fd, spare[i], slice, i * slice) != 0) {
-                return fail("O_DIRECT read");
-            }
-            place.read_ms += now_ms() - start;
-            start = now_ms();
+        }
+        place.syscall_ms += now_ms() - start;
+        start = now_ms();
+        ret = read_slices(io, direct_fd, spare, NULL, slice, n_slices);
+        place.read_ms = now_ms() - start;
+        if (ret != 0) {
+            errno = -ret;
+            return fail("O_DIRECT read");
+        }
+        start = now_ms();
+        for (uint64_t i = 0; i < n_slices; i++) {
             if (mprotect(spare[i], slice, PROT_READ) != 0 ||
                 mremap(spare[i], slice, slice, MREMAP_MAYMOVE | MREMAP_FIXED, mapping + i * slice) == MAP_FAILED) {
                 return fail("placing");
             }
-            place.syscall_ms += now_ms() - start;
             spare[i] = NULL;
         }
+        place.syscall_ms += now_ms() - start;
         faults = minor_faults();
         place.touch_ms = touch(mapping, length);
         place.touch_faults = minor_faults() - faults;
@@ -228,7 +247,7 @@ int main(int argc, char **argv) {
 
         /* eviction: the copy moves out to a spare (the range stays mapped, empty), the file goes back over it */
         struct phase evict = {.name = "eviction to a spare, file mapped back"};
-        double start = now_ms();
+        start = now_ms();
         for (uint64_t i = 0; i < n_slices; i++) {
 #ifdef MREMAP_DONTUNMAP
             spare[i] = mmap(NULL, slice, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -249,7 +268,7 @@ int main(int argc, char **argv) {
 
         /* the alternative: read in place into anonymous memory whose pages never move */
         struct phase still = {.name = "copy read in place (no page-table change)"};
-        if (read_in_place(&still, direct_fd, in_place, slice, n_slices, reference) != 0) {
+        if (read_in_place(&still, io, direct_fd, in_place, slice, n_slices, reference) != 0) {
             return 1;
         }
 
@@ -260,9 +279,10 @@ int main(int argc, char **argv) {
             return fail("madvise");
         }
         fresh.syscall_ms = now_ms() - start;
-        if (read_in_place(&fresh, direct_fd, in_place, slice, n_slices, reference) != 0) {
+        if (read_in_place(&fresh, io, direct_fd, in_place, slice, n_slices, reference) != 0) {
             return 1;
         }
     }
+    guanaco_io_destroy(io);
     return 0;
 }
