@@ -80,6 +80,7 @@ struct guanaco_options {
     bool overlap_layer;    /* --guanaco-overlap-layer: a layer computes once its reads are issued (default: with
                               direct loading) */
     bool overlap_layer_follows_load; /* not given: the engine turns it on exactly where it loads directly */
+    bool fixed_slots;      /* --guanaco-fixed-slots: direct loading's copies compute where they were read */
     int prefetch;          /* --guanaco-prefetch: an enum guanaco_predictor_kind; none = no read-ahead */
     bool prefetch_throttle; /* --guanaco-prefetch-throttle: read ahead only where measured faster */
     double pilot_mass;     /* --guanaco-pilot-mass; 0 = the predictor's default */

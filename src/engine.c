@@ -537,9 +537,16 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
    answers it. */
 static _Atomic(struct guanaco_engine *) expert_ready_owner;
 
-static bool expert_ready(const struct ggml_tensor *weights, int32_t expert, bool wait, void *user_data) {
+/* Where MUL_MAT_ID finds expert `expert` of `weights`: its fixed slot, or the mapping; NULL while it is still
+   being read and `wait` is false. */
+static const void *expert_weights(const struct ggml_tensor *weights, int32_t expert, bool wait, void *user_data) {
     struct guanaco_engine *engine = user_data;
-    return expert < 0 || guanaco_residency_expert_ready(engine->residency, weights->data, (uint32_t)expert, wait);
+    const char *mapped = (const char *)weights->data + (size_t)expert * weights->nb[2];
+    const void *slot = NULL;
+    if (expert >= 0 && !guanaco_residency_expert_data(engine->residency, weights->data, (uint32_t)expert, wait, &slot)) {
+        return NULL;
+    }
+    return slot ? slot : mapped;
 }
 
 /* Whether this engine may answer MUL_MAT_ID's question; takes it if so. */
@@ -662,6 +669,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .stream_prompts = o->stream_prompts,
         .huge_folios = o->huge_folios,
         .overlap_layer = o->overlap_layer_follows_load ? load == GUANACO_RESIDENCY_LOAD_DIRECT : o->overlap_layer,
+        .fixed_slots = o->fixed_slots,
     };
     /* direct loading's overlap needs MUL_MAT_ID to ask: one engine per process gets it, the others wait for
        their reads as without the overlap */
@@ -716,7 +724,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     guanaco_residency_get_stats(engine->residency, &started);
     if (started.overlap_layer && started.load == GUANACO_RESIDENCY_LOAD_DIRECT) {
         engine->asks_expert_ready = true;
-        ggml_cpu_set_expert_ready(expert_ready, engine);
+        ggml_cpu_set_expert_weights(expert_weights, engine);
     } else if (atomic_load(&expert_ready_owner) == engine) {
         atomic_store(&expert_ready_owner, NULL); /* direct loading fell back to the page cache */
     }
@@ -727,12 +735,13 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
                  gib(config.prefetch_bytes));
     }
     guanaco_log_info("residency: budget %.2f GiB of %.2f GiB expert weights (%.0f%%), max %u experts per layer, "
-                     "policy %s, io %s, load %s%s, prefetch %s, status every %u tokens",
+                     "policy %s, io %s, load %s%s%s, prefetch %s, status every %u tokens",
                      gib(budget), gib(m->expert_bytes), 100.0 * (double)budget / (double)m->expert_bytes,
                      o->max_experts, guanaco_policy_kind_name(config.policy), guanaco_io_backend_name(config.io_backend),
                      load_name(started.load),
                      started.overlap_layer && engine->repacked_tensors < m->n_tensors
                          ? " (a layer computes while its reads land)" : "",
+                     started.fixed_slots ? " into fixed slots" : "",
                      prefetch, o->status_every);
     engine->status_last_ns = guanaco_now_ns();
     return 0;
@@ -1207,7 +1216,7 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
         /* the preload is reported on its own line: these are the decode's */
         log_residency("residency", &st, &engine->after_preload, atomic_load(&engine->tokens_done), tail);
         if (engine->asks_expert_ready) {
-            ggml_cpu_set_expert_ready(NULL, NULL);
+            ggml_cpu_set_expert_weights(NULL, NULL);
         }
         struct guanaco_engine *self = engine; /* also when the start failed after claiming it */
         atomic_compare_exchange_strong(&expert_ready_owner, &self, NULL);

@@ -52,7 +52,7 @@ static const char *const repack_choices[] = {"off", "on", "auto", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_STREAM_PROMPTS, OPTION_HUGE_FOLIOS, OPTION_OVERLAP_LAYER, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_COUNT
+    OPTION_STREAM_PROMPTS, OPTION_HUGE_FOLIOS, OPTION_OVERLAP_LAYER, OPTION_FIXED_SLOTS, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -99,6 +99,10 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                               "experts compute while the disk reads: with direct loading the matmul waits for each "
                               "missing expert as it reaches it, with page-cache loading for each page in the kernel "
                               "(default: on with direct loading, off with page-cache loading: measured)"},
+    [OPTION_FIXED_SLOTS] = {"guanaco-fixed-slots", "GUANACO_FIXED_SLOTS", OPTION_BOOL, NULL,
+                            "with direct loading and --guanaco-overlap-layer: each expert computes from the "
+                            "anonymous slot it was read into, and an evicted slot takes the next read, so loading "
+                            "and evicting change no page table (default: on, measured: README)"},
     [OPTION_PREFETCH] = {"guanaco-prefetch", "GUANACO_PREFETCH", OPTION_CHOICE, prefetch_choices,
                          "read the next layer's experts while the current one computes, as predicted by: pilot "
                          "(cross-layer statistics), gate (the next layer's router on this layer's input; pilot "
@@ -152,6 +156,7 @@ static int default_value(enum option_id id) {
     case OPTION_PRELOAD: return 1;
     case OPTION_HUGE_FOLIOS: return 1; /* Mixtral Q4_0 at 25%: see README's --guanaco-huge-folios row */
     case OPTION_OVERLAP_LAYER: return -1; /* follows the load: README's --guanaco-overlap-layer row */
+    case OPTION_FIXED_SLOTS: return 1; /* README's --guanaco-fixed-slots row */
     case OPTION_STREAM_PROMPTS: return 1; /* 1024-token prompts 1.07-1.11x plain at 10-50%, 0.74-0.94x off (README) */
     case OPTION_REPACK: return GUANACO_REPACK_AUTO;
     case OPTION_PREFETCH_THROTTLE: return 1;
@@ -378,6 +383,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->huge_folios = value[OPTION_HUGE_FOLIOS] != 0;
     out->overlap_layer = value[OPTION_OVERLAP_LAYER] != 0;
     out->overlap_layer_follows_load = overlap_follows_load;
+    out->fixed_slots = value[OPTION_FIXED_SLOTS] != 0;
     out->prefetch = value[OPTION_PREFETCH];
     out->prefetch_throttle = value[OPTION_PREFETCH_THROTTLE] != 0;
     out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;

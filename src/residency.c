@@ -73,6 +73,7 @@ struct tensor {
     int fd;
     int direct_fd; /* -1 unless LOAD_DIRECT */
     uint32_t shard;
+    uint32_t layer, index_in_layer;
     uint64_t begin;  /* file offset of expert 0 */
     uint64_t end;    /* one past the last expert's last byte */
     uint64_t stride;
@@ -183,6 +184,16 @@ struct guanaco_residency {
     size_t n_spares, spare_capacity, spare_count_limit;
     uint64_t spare_bytes, spare_limit;
     bool streaming; /* since the last streamed call or read-ahead, until the next call that is neither: no spares */
+    /* fixed_slots (config): a copy stays where it was read, and MUL_MAT_ID computes from it. Per (layer, expert,
+       tensor) the copy's first byte (file byte page_down(slice start)), NULL where the slice computes from the
+       mapping. Read without the lock by guanaco_residency_expert_data. */
+    bool slots;
+    _Atomic(char *) *slot_copy; /* n_layer * n_expert * max_tensors_in_layer */
+    uint32_t *tensors_by_address; /* n_tensors: indices into tensors, by mapped address (tensor_at) */
+    /* Copies evicted while several contexts computed: the file is mapped over them, so that a context still
+       computing from one reads the file's bytes; unmapped at the first call with one context left. */
+    struct spare_copy *retired;
+    size_t n_retired, retired_capacity;
     /* arena tensors: one expert slice of the file, read out of the page cache for its transform */
     char *transform_source;
     uint64_t transform_source_bytes;
@@ -251,6 +262,22 @@ static uint64_t page_up(const struct guanaco_residency *r, uint64_t x) {
 /* The mapped address of file offset `offset` of tensor t. */
 static const char *address_of(const struct tensor *t, uint64_t offset) {
     return t->mapped + (offset - t->begin);
+}
+
+/* fixed_slots: the bytes of one copy of a slice of t, its pages rounded outward at any alignment, so that every
+   copy of t's slices fits every slot of t's length. */
+static uint64_t slot_length(const struct guanaco_residency *r, const struct tensor *t) {
+    return page_up(r, t->stride) + r->page;
+}
+
+static size_t slot_index(const struct guanaco_residency *r, const struct tensor *t, uint32_t e) {
+    return ((size_t)t->layer * r->n_expert + e) * r->max_tensors_in_layer + t->index_in_layer;
+}
+
+/* The tensor of slot_copy entry i (slot_index's inverse). */
+static const struct tensor *tensor_of_slot(const struct guanaco_residency *r, size_t i) {
+    const struct layer *l = &r->layers[i / r->max_tensors_in_layer / r->n_expert];
+    return &r->tensors[l->first_tensor + i % r->max_tensors_in_layer];
 }
 
 /* Consecutive experts one read-ahead run may span: as many as fit in span_bytes of the widest slice. */
@@ -349,6 +376,7 @@ static int demand_huge_create(struct guanaco_residency *r, const struct guanaco_
 static int drop_pending(struct guanaco_residency *r, bool streamed_too);
 static int finish_deferred(struct guanaco_residency *r, bool evict);
 static void free_spares(struct guanaco_residency *r);
+static void unmap_retired(struct guanaco_residency *r);
 static void discard_copies(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging);
 
 /* ---- create / destroy ---- */
@@ -409,6 +437,24 @@ static int choose_load(struct guanaco_residency *r, const struct guanaco_residen
         return -ENOMEM;
     }
     r->load = GUANACO_RESIDENCY_LOAD_DIRECT;
+    if (config->fixed_slots && config->overlap_layer) { /* MUL_MAT_ID asks for each expert's address */
+        r->slot_copy = calloc((size_t)r->n_layer * r->n_expert * r->max_tensors_in_layer, sizeof(*r->slot_copy));
+        if (!r->slot_copy) {
+            return -ENOMEM;
+        }
+        r->tensors_by_address = malloc((r->n_tensors ? r->n_tensors : 1) * sizeof(*r->tensors_by_address));
+        if (!r->tensors_by_address) {
+            return -ENOMEM;
+        }
+        for (uint32_t i = 0; i < r->n_tensors; i++) { /* insertion: a few hundred, once, and qsort takes no context */
+            uint32_t j = i;
+            for (; j > 0 && r->tensors[r->tensors_by_address[j - 1]].mapped > r->tensors[i].mapped; j--) {
+                r->tensors_by_address[j] = r->tensors_by_address[j - 1];
+            }
+            r->tensors_by_address[j] = i;
+        }
+        r->slots = true;
+    }
     return 0;
 }
 
@@ -484,6 +530,17 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
             }
         }
     }
+    /* the slots, while the tables that size them are here */
+    for (size_t i = 0; r->slot_copy && i < (size_t)r->n_layer * r->n_expert * r->max_tensors_in_layer; i++) {
+        char *copy = atomic_load(&r->slot_copy[i]);
+        if (copy) {
+            munmap(copy, slot_length(r, tensor_of_slot(r, i)));
+        }
+    }
+    free(r->slot_copy);
+    free(r->tensors_by_address);
+    unmap_retired(r);
+    free(r->retired);
     for (uint32_t i = 0; r->runs && i < r->n_runs; i++) {
         free(r->runs[i].staging);
         free(r->runs[i].edges);
@@ -596,6 +653,8 @@ static int add_layer(struct guanaco_residency *r, const struct guanaco_residency
         }
         const struct shard *sh = &r->shards[own->shard];
         own->fd = t->fd;
+        own->layer = l;
+        own->index_in_layer = i;
         own->direct_fd = config->load == GUANACO_RESIDENCY_LOAD_DIRECT ? t->direct_fd : -1;
         own->begin = t->file_offset;
         own->stride = t->expert_stride;
@@ -792,6 +851,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->stats.load = r->load;
     r->stats.overlap_layer = r->overlap_layer;
     r->stats.stream_prompts = r->stream;
+    r->stats.fixed_slots = r->slots;
     *out = r;
     return 0;
 }
@@ -1080,7 +1140,7 @@ static void discard_copies(struct guanaco_residency *r, const struct layer *l, u
         if (staging[k]) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             uint64_t a = t->begin + (uint64_t)e * t->stride;
-            uint64_t length = page_down(r, a + t->stride) - page_up(r, a);
+            uint64_t length = r->slots ? slot_length(r, t) : page_down(r, a + t->stride) - page_up(r, a);
             if (!r->shared && spare_room(r, length)) {
                 add_spare(r, staging[k], length);
             } else {
@@ -1163,6 +1223,46 @@ static int drop_arena_slice(struct guanaco_residency *r, uint32_t layer, const s
     return 0;
 }
 
+/* Unmaps the copies retired while several contexts computed; only once one context is left, between its
+   matmuls, can no one be computing from them. */
+static void unmap_retired(struct guanaco_residency *r) {
+    for (size_t i = 0; i < r->n_retired; i++) {
+        munmap(r->retired[i].at, r->retired[i].length);
+    }
+    r->n_retired = 0;
+}
+
+/*
+ * fixed_slots' eviction of expert e's copy of t: the slot becomes a spare for the next read, with no page-table
+ * change. With several contexts another one may be computing from it, so the file's own bytes are mapped over it
+ * instead (atomic for a reader, as restore_file_pages is), and it is unmapped once one context is left.
+ */
+static void release_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char *copy) {
+    uint64_t length = slot_length(r, t), a = t->begin + (uint64_t)e * t->stride;
+    if (!r->shared) {
+        if (spare_room(r, length)) {
+            add_spare(r, copy, length);
+        } else {
+            munmap(copy, length);
+        }
+        return;
+    }
+    if (mmap(copy, length, PROT_READ, MAP_SHARED | MAP_FIXED, t->fd, (off_t)page_down(r, a)) == MAP_FAILED) {
+        guanaco_log_error("residency: mapping %s bytes %llu.. over an evicted copy: %s; it stays until one context "
+                          "is left", r->shards[t->shard].name, (unsigned long long)page_down(r, a), strerror(errno));
+    }
+    if (r->n_retired == r->retired_capacity) {
+        size_t capacity = r->retired_capacity ? 2 * r->retired_capacity : 64;
+        struct spare_copy *grown = realloc(r->retired, capacity * sizeof(*grown));
+        if (!grown) {
+            return; /* its address space stays taken: unmapping it could fault a reader */
+        }
+        r->retired = grown;
+        r->retired_capacity = capacity;
+    }
+    r->retired[r->n_retired++] = (struct spare_copy){.at = copy, .length = length};
+}
+
 /*
  * Drops the pages of expert e of `layer` that nothing resident needs. The
  * expert must already be marked non-resident. Its interior pages always go;
@@ -1184,7 +1284,10 @@ static int drop_expert_pages(struct guanaco_residency *r, uint32_t layer, uint32
         if (b % r->page && page_droppable(r, layer, t, page_down(r, b))) {
             end = page_down(r, b) + r->page;
         }
-        if (copies_placed && r->load == GUANACO_RESIDENCY_LOAD_DIRECT && page_up(r, a) < page_down(r, b)) {
+        char *copy = r->slots ? atomic_exchange(&r->slot_copy[slot_index(r, t, e)], NULL) : NULL;
+        if (copy) {
+            release_slot(r, t, e, copy); /* the mapping never held it: a bias the add read is dropped below */
+        } else if (copies_placed && r->load == GUANACO_RESIDENCY_LOAD_DIRECT && page_up(r, a) < page_down(r, b)) {
             int err = restore_file_pages(r, t, page_up(r, a), page_down(r, b));
             if (err && !first_error) {
                 first_error = err;
@@ -1277,6 +1380,11 @@ static const char *shard_name(const struct guanaco_residency *r, int fd) {
     for (uint32_t s = 0; s < r->n_shards; s++) {
         if (r->shards[s].fd == fd) {
             return r->shards[s].name;
+        }
+    }
+    for (uint32_t i = 0; i < r->n_tensors; i++) { /* an O_DIRECT read's */
+        if (r->tensors[i].direct_fd == fd) {
+            return r->shards[r->tensors[i].shard].name;
         }
     }
     return "?";
@@ -1424,6 +1532,40 @@ static size_t page_cache_requests(struct guanaco_residency *r, const struct laye
     return n_requests;
 }
 
+/* fixed_slots: the slice [a, a + stride) of t read whole into a slot (a spare, or fresh), file byte x at slot +
+ * x - page_down(a): its pages rounded outward with O_DIRECT, the neighbours' bytes on its edge pages included,
+ * and only a last partial page of the file, which O_DIRECT cannot end on, buffered. */
+static long slot_requests(struct guanaco_residency *r, const struct tensor *t, uint64_t a, char **staging,
+                          struct guanaco_io_request *out) {
+    uint64_t length = slot_length(r, t), b = a + t->stride, start = page_down(r, a);
+    char *slot = take_spare(r, length);
+    if (!slot) {
+        slot = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    if (slot == MAP_FAILED) {
+        return -errno;
+    }
+    *staging = slot;
+    uint64_t direct_end = page_up(r, b);
+    if (direct_end > (uint64_t)r->shards[t->shard].size) {
+        direct_end = page_down(r, b);
+    }
+    long n = 0;
+    for (uint64_t at = start; at < direct_end; at += GUANACO_RESIDENCY_CHUNK_BYTES) {
+        uint64_t left = direct_end - at;
+        out[n++] = (struct guanaco_io_request){
+            .fd = t->direct_fd, .offset = at,
+            .length = left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
+            .destination = slot + (at - start)};
+    }
+    uint64_t tail = direct_end > a ? direct_end : a;
+    if (tail < b) {
+        out[n++] = (struct guanaco_io_request){.fd = t->fd, .offset = tail, .length = b - tail,
+                                               .destination = slot + (tail - start)};
+    }
+    return n;
+}
+
 /* DIRECT: expert e's slice of t as requests at out[0...]: its whole pages O_DIRECT into a spare copy or a fresh
  * anonymous buffer (*staging, which the caller owns from here), its partial edge pages buffered into the two
  * slots at `edges` (content discarded: the page cache is the point), like PAGE_CACHE's. Returns the request
@@ -1431,6 +1573,9 @@ static size_t page_cache_requests(struct guanaco_residency *r, const struct laye
 static long direct_slice_requests(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char **staging,
                                   char *edges, struct guanaco_io_request *out) {
     uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
+    if (r->slots) {
+        return slot_requests(r, t, a, staging, out);
+    }
     uint64_t inner_start = page_up(r, a), inner_end = page_down(r, b);
     long n = 0;
     if (inner_start >= inner_end) { /* no whole page inside: all of it is edge */
@@ -1535,6 +1680,44 @@ static int move_into_place(struct guanaco_residency *r, const struct tensor *t, 
     return 0;
 }
 
+/*
+ * fixed_slots: a slot's copy (slot_requests) stays in its slot, where MUL_MAT_ID computes from it (*kept). With
+ * several contexts, which need no address of ours, its whole pages go into the mapping as move_into_place's
+ * do, and the rest of the slot goes back to the kernel. *staging is NULL after either.
+ */
+static int place_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char **staging, bool *kept) {
+    uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride, length = slot_length(r, t);
+    char *slot = *staging;
+    *kept = !r->shared;
+    if (*kept) {
+        atomic_store(&r->slot_copy[slot_index(r, t, e)], slot);
+        *staging = NULL;
+        return 0;
+    }
+    uint64_t head = page_up(r, a) - page_down(r, a), inner = page_up(r, a) < page_down(r, b) ? page_down(r, b) - page_up(r, a) : 0;
+    if (inner) {
+        char *interior = slot + head;
+        if (mprotect(interior, inner, PROT_READ) != 0 ||
+            mremap(interior, inner, inner, MREMAP_MAYMOVE | MREMAP_FIXED,
+                   (void *)(uintptr_t)address_of(t, page_up(r, a))) == MAP_FAILED) {
+            int err = -errno;
+            guanaco_log_error("residency: placing %s bytes %llu..%llu: %s", r->shards[t->shard].name,
+                              (unsigned long long)page_up(r, a), (unsigned long long)page_down(r, b), strerror(-err));
+            munmap(slot, length); /* its interior may be read-only now: never a spare */
+            *staging = NULL;
+            return err;
+        }
+    }
+    if (head) {
+        munmap(slot, head);
+    }
+    if (head + inner < length) {
+        munmap(slot + head + inner, length - head - inner);
+    }
+    *staging = NULL;
+    return 0;
+}
+
 /* Maps expert e's slices, moving the copies read into staging[tensor] in first where staging is not NULL; 0 or
    the first error. */
 static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging) {
@@ -1543,8 +1726,12 @@ static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32
         uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
         int err = 0;
         if (staging) {
-            if ((err = move_into_place(r, t, a, &staging[k])) != 0) {
+            bool kept = false;
+            if ((err = r->slots ? place_slot(r, t, e, &staging[k], &kept) : move_into_place(r, t, a, &staging[k])) != 0) {
                 return err;
+            }
+            if (kept) {
+                continue; /* computes from the slot: the mapping's edge pages are not its */
             }
             /* the edge pages, now in the page cache; the interior is already mapped */
             uint64_t inner_start = page_up(r, a), inner_end = page_down(r, b);
@@ -2204,31 +2391,67 @@ static int finish_deferred(struct guanaco_residency *r, bool evict) {
                        d.wasted_before, evict);
 }
 
-bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait) {
-    if (!atomic_load_explicit(&r->deferred_active, memory_order_acquire)) {
-        return true;
-    }
-    if (!wait && pthread_mutex_trylock(&r->lock) != 0) {
-        return false; /* another thread is placing an expert or dropping victims: ask again when it must wait */
-    }
-    if (wait) {
-        pthread_mutex_lock(&r->lock);
-    }
-    bool ready = true;
-    const struct layer *l = atomic_load(&r->deferred_active) ? &r->layers[r->deferred.layer] : NULL;
-    bool ours = false;
-    for (uint32_t k = 0; l && k < l->n_tensors && !ours; k++) {
-        const struct tensor *t = &r->tensors[l->first_tensor + k];
-        ours = address_of(t, t->begin) == (const char *)weights;
-    }
-    for (size_t i = 0; ours && i < r->deferred.n_missing; i++) {
-        if (r->missing[i] == expert) {
-            ready = settle_expert(r, i, wait, true);
-            break;
+/* The expert tensor whose expert 0 is mapped at `weights`, or NULL: a binary search of tensors_by_address, as
+   every thread of every MUL_MAT_ID asks for every expert it computes. */
+static const struct tensor *tensor_at(const struct guanaco_residency *r, const void *weights) {
+    size_t low = 0, high = r->n_tensors;
+    while (low < high) {
+        size_t middle = low + (high - low) / 2;
+        const struct tensor *t = &r->tensors[r->tensors_by_address[middle]];
+        if (t->mapped == (const char *)weights) {
+            return t;
+        }
+        if ((uintptr_t)t->mapped < (uintptr_t)weights) {
+            low = middle + 1;
+        } else {
+            high = middle;
         }
     }
-    pthread_mutex_unlock(&r->lock);
-    return ready;
+    return NULL;
+}
+
+bool guanaco_residency_expert_data(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait,
+                                   const void **data) {
+    *data = NULL;
+    if (atomic_load_explicit(&r->deferred_active, memory_order_acquire)) {
+        if (!wait && pthread_mutex_trylock(&r->lock) != 0) {
+            return false; /* another thread is placing an expert or dropping victims: ask again when it must wait */
+        }
+        if (wait) {
+            pthread_mutex_lock(&r->lock);
+        }
+        bool ready = true;
+        const struct layer *l = atomic_load(&r->deferred_active) ? &r->layers[r->deferred.layer] : NULL;
+        bool ours = false;
+        for (uint32_t k = 0; l && k < l->n_tensors && !ours; k++) {
+            const struct tensor *t = &r->tensors[l->first_tensor + k];
+            ours = address_of(t, t->begin) == (const char *)weights;
+        }
+        for (size_t i = 0; ours && i < r->deferred.n_missing; i++) {
+            if (r->missing[i] == expert) {
+                ready = settle_expert(r, i, wait, true);
+                break;
+            }
+        }
+        pthread_mutex_unlock(&r->lock);
+        if (!ready) {
+            return false;
+        }
+    }
+    /* Without a lock: a slot changes only in a call of this context's, never while its layer computes (several
+       contexts leave a retired slot the file's bytes, release_slot). */
+    const struct tensor *t = r->slots && expert < r->n_expert ? tensor_at(r, weights) : NULL;
+    if (t) {
+        const char *slot = atomic_load(&r->slot_copy[slot_index(r, t, expert)]);
+        uint64_t a = t->begin + (uint64_t)expert * t->stride;
+        *data = slot ? slot + (a - page_down(r, a)) : NULL;
+    }
+    return true;
+}
+
+bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait) {
+    const void *data;
+    return guanaco_residency_expert_data(r, weights, expert, wait, &data);
 }
 
 int guanaco_residency_finish(struct guanaco_residency *r) {
@@ -2258,6 +2481,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     const bool evict_last = atomic_load(&r->deferred_active);
     const uint64_t last_token = r->deferred.token;
     int deferred_error = finish_deferred(r, false);
+    if (r->n_retired && !r->shared) {
+        unmap_retired(r); /* one context, between its matmuls: no one computes from them */
+    }
     int err = check_files(r);
     if (err) {
         int drop_error = evict_last ? evict_by_policy(r, layer, last_token, NULL) : 0;
@@ -2586,7 +2812,7 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
     (void)drop_pending(r, false);
     /* With overlap_layer the last call's reads may still be landing, and mincore counts only pages read:
        mapping them waits for the disk (the audit is a diagnostic; the layer computes from them anyway). */
-    for (uint32_t e = 0; r->overlap_layer && r->last_layer < r->n_layer && e < r->n_expert; e++) {
+    for (uint32_t e = 0; r->overlap_layer && !r->slots && r->last_layer < r->n_layer && e < r->n_expert; e++) {
         const struct layer *l = &r->layers[r->last_layer];
         for (uint32_t k = 0; k < l->n_tensors && guanaco_policy_is_resident(r->policy, r->last_layer, e); k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
@@ -2630,6 +2856,21 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
                 resident_pages += r->audit_vector[p] & 1;
             }
             at += pages * r->page;
+        }
+    }
+    /* fixed_slots: the copies, which the mapping does not hold */
+    for (size_t i = 0; !err && r->slot_copy && i < (size_t)r->n_layer * r->n_expert * r->max_tensors_in_layer; i++) {
+        char *copy = atomic_load(&r->slot_copy[i]);
+        size_t pages = copy ? (size_t)(slot_length(r, tensor_of_slot(r, i)) / r->page) : 0;
+        for (size_t at = 0; at < pages && !err; at += AUDIT_PAGES) {
+            size_t count = pages - at < AUDIT_PAGES ? pages - at : AUDIT_PAGES;
+            if (mincore(copy + at * r->page, count * r->page, r->audit_vector) != 0) {
+                err = -errno;
+                guanaco_log_error("residency: mincore over an expert copy: %s", strerror(-err));
+            }
+            for (size_t p = 0; !err && p < count; p++) {
+                resident_pages += r->audit_vector[p] & 1;
+            }
         }
     }
     pthread_mutex_unlock(&r->lock);

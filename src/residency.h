@@ -94,6 +94,13 @@
  * neighbours, stay file-backed and go through the page cache as above.
  * Every resident slice costs up to two VMAs; when the worst case would not
  * fit under vm.max_map_count, create falls back to PAGE_CACHE and says so.
+ * With fixed_slots (and overlap_layer) the copy is never moved: each slice is
+ * read whole, edge pages included, into an anonymous slot of
+ * page_up(stride) + 1 page, and MUL_MAT_ID asks guanaco_residency_expert_data
+ * for its address. Loading and evicting then change no page table: the
+ * placing and restoring above cost 2 us per page on a guest whose hypervisor
+ * keeps shadow page tables (bench/PIPELINE.md, Dec 4), most of the decode
+ * stall. An evicted slot is a spare for the next read.
  *
  * A tensor with an arena (guanaco_residency_tensor.arena) computes from the
  * arena, not from the mapping. Its slices are read as in PAGE_CACHE, then
@@ -154,6 +161,12 @@ struct guanaco_residency_config {
        policy hears of it and evicts) at the next call or guanaco_residency_finish. Not with several contexts
        (set_shared), nor for a streamed call or the preload: those wait for their reads as without it. */
     bool overlap_layer;
+    /* DIRECT with overlap_layer: each copy stays in the anonymous slot it was read into, and the matmul asks
+       guanaco_residency_expert_data for its address. No page table changes when it loads or leaves: eviction
+       makes the slot a spare for the next read. Each slice is read whole into its slot, edge pages included.
+       With several contexts (set_shared) new copies go into the mapping as without slots, and an evicted slot
+       gets the file's bytes mapped over it until one context is left. */
+    bool fixed_slots;
 };
 
 struct guanaco_residency_stats {
@@ -191,6 +204,7 @@ struct guanaco_residency_stats {
     enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
     bool overlap_layer;               /* in force: config.overlap_layer */
     bool stream_prompts;              /* in force: config.stream_prompts, where arenas allow */
+    bool fixed_slots;                 /* in force: config.fixed_slots, where DIRECT and overlap_layer are */
 };
 
 struct guanaco_residency;
@@ -252,6 +266,14 @@ int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, cons
  * Any thread, any number at once; lock-free when no call is under way.
  */
 bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait);
+
+/*
+ * expert_ready, and where the expert computes: *data is its first byte in a fixed slot (fixed_slots), or NULL
+ * when it computes from the mapping at weights + expert * stride (not ours, not in a slot, or several contexts
+ * placed it there). The address stays good until the next call of a context, which may evict it.
+ */
+bool guanaco_residency_expert_data(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait,
+                                   const void **data);
 
 /*
  * Ends a call that returned with its reads in flight (overlap_layer with

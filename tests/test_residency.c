@@ -57,6 +57,7 @@ static unsigned char *expected_content; /* the pattern of the largest model, for
 static int pagemap_fd = -1;
 static enum guanaco_residency_load load_mode; /* every scenario runs in both modes */
 static bool overlap_layer; /* config.overlap_layer: calls return once their reads are issued, nothing mapped */
+static bool fixed_slots;   /* config.fixed_slots: DIRECT's copies stay in their slots, never in the mapping */
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 
 struct model {
@@ -250,6 +251,7 @@ static struct guanaco_residency_config config_of(const struct model *m, uint64_t
         .queue_depth = 16,
         .load = load_mode,
         .overlap_layer = overlap_layer,
+        .fixed_slots = fixed_slots,
     };
 }
 
@@ -386,7 +388,7 @@ struct matmul_thread {
     uint32_t layer;
     const uint32_t *needed;
     size_t n_needed;
-    size_t settled_while_computing, wrong_bytes;
+    size_t settled_while_computing, wrong_bytes, from_slots;
 };
 
 static void *matmul_main(void *arg) {
@@ -398,11 +400,19 @@ static void *matmul_main(void *arg) {
         for (int pass = 0; pass < 2; pass++) {
             for (size_t i = 0; i < job->n_needed; i++) {
                 uint32_t e = job->needed[i];
-                if ((pass == 1 && !later[e]) || (later[e] = !guanaco_residency_expert_ready(job->r, weights, e, pass == 1))) {
-                    continue; /* pass 0: not ready yet; pass 1: done in pass 0 */
+                if (pass == 1 && !later[e]) {
+                    continue; /* done in pass 0 */
+                }
+                const void *slot = NULL;
+                if ((later[e] = !guanaco_residency_expert_data(job->r, weights, e, pass == 1, &slot))) {
+                    continue; /* pass 0: not ready yet */
                 }
                 uint64_t a = slice_begin(m, job->layer, t, e);
-                job->wrong_bytes += memcmp(m->map + a, expected_content + a, stride_of_tensor[t]) != 0;
+                const char *at = slot ? slot : m->map + a;
+                job->wrong_bytes += memcmp(at, expected_content + a, stride_of_tensor[t]) != 0;
+                job->from_slots += slot != NULL;
+                /* a slot is never the mapping: computing from it changes no page table of the file's */
+                job->wrong_bytes += slot && at >= m->map && at < m->map + m->size;
             }
         }
     }
@@ -428,6 +438,13 @@ static size_t matmuls(const struct model *m, struct guanaco_residency *r, uint32
     for (int i = 0; i < 2; i++) {
         pthread_join(threads[i], NULL);
     }
+    /* with fixed slots every needed expert that is resident computes from its slot */
+    size_t resident_slices = 0;
+    for (size_t i = 0; fixed_slots && i < n_needed; i++) {
+        resident_slices += guanaco_residency_is_resident(r, layer, needed[i]) ? 2 * m->tensors_in_layer[layer] : 0;
+    }
+    CHECK(!fixed_slots || jobs[0].from_slots + jobs[1].from_slots >= resident_slices);
+    CHECK(fixed_slots || jobs[0].from_slots + jobs[1].from_slots == 0);
     return jobs[0].wrong_bytes + jobs[1].wrong_bytes;
 }
 
@@ -503,9 +520,12 @@ static void verify(const struct model *m, struct guanaco_residency *r, uint32_t 
             resident_experts++;
             per_layer[l]++;
             for (uint32_t t = 0; t < N_TENSOR; t++) {
-                uint64_t a = slice_begin(m, l, t, x);
-                for (uint64_t p = page_down(a); p < a + stride_of_tensor[t]; p += P) {
-                    state[p / P] = PAGE_RESIDENT;
+                uint64_t a = slice_begin(m, l, t, x), b = a + stride_of_tensor[t];
+                for (uint64_t p = page_down(a); p < b; p += P) {
+                    /* a slot's expert leaves the file's pages alone: its interior is neither cached nor mapped, and
+                       its edge pages are whatever the neighbours make them */
+                    bool edge = p < a || p + P > b;
+                    state[p / P] = !fixed_slots ? PAGE_RESIDENT : edge ? PAGE_EITHER : state[p / P];
                 }
             }
         }
@@ -585,6 +605,13 @@ static void verify(const struct model *m, struct guanaco_residency *r, uint32_t 
         }
         for (uint32_t t = 0; t < N_TENSOR; t++) {
             uint64_t a = slice_begin(m, layer, t, needed[i]), b = a + stride_of_tensor[t];
+            if (fixed_slots) {
+                const void *slot = NULL;
+                all_mapped = all_mapped && guanaco_residency_expert_data(r, m->map + m->offset[layer][t], needed[i],
+                                                                         true, &slot) && slot;
+                bytes_equal = bytes_equal && slot && memcmp(slot, expected_content + a, b - a) == 0;
+                continue;
+            }
             for (uint64_t p = page_down(a); p < b; p += P) {
                 all_mapped = all_mapped && page_mapped(mapped, p / P);
             }
@@ -697,7 +724,10 @@ static void run_stream(const struct model *m, enum guanaco_io_backend io, enum g
     guanaco_residency_get_stats(r, &st);
     CHECK(st.load_failures == 0);
     CHECK(st.accesses == st.hits + st.expert_loads);
-    CHECK(st.bytes_read == st.expert_loads * EXPERT_BYTES);
+    /* a slot reads its slice's pages whole, the neighbours' bytes on the edge pages too */
+    CHECK(fixed_slots ? st.bytes_read >= st.expert_loads * EXPERT_BYTES &&
+                            st.bytes_read <= st.expert_loads * (EXPERT_BYTES + 2 * P * N_TENSOR)
+                      : st.bytes_read == st.expert_loads * EXPERT_BYTES);
     CHECK(st.reads_issued >= st.expert_loads * N_TENSOR);
     CHECK(st.expert_loads >= st.evictions);
     CHECK(st.peak_resident_bytes >= st.resident_bytes);
@@ -862,7 +892,10 @@ static void run_prefetch_stream(const struct model *m, enum guanaco_io_backend i
     CHECK(st.load_failures == 0);
     CHECK(st.accesses == st.hits + st.expert_loads);
     /* every load came once from disk, read on demand or read ahead and claimed */
-    CHECK(st.bytes_read + st.prefetch_used_bytes == st.expert_loads * EXPERT_BYTES);
+    uint64_t demand_loads = st.expert_loads - st.prefetch_used_experts;
+    CHECK(fixed_slots ? st.bytes_read >= demand_loads * EXPERT_BYTES &&
+                            st.bytes_read <= demand_loads * (EXPERT_BYTES + 2 * P * N_TENSOR)
+                      : st.bytes_read + st.prefetch_used_bytes == st.expert_loads * EXPERT_BYTES);
     CHECK(st.prefetch_used_experts > 0 && st.prefetch_used_experts <= st.expert_loads);
     CHECK(st.prefetch_used_experts + st.prefetch_wasted_experts <= st.prefetch_issued_experts);
     CHECK(st.prefetch_hidden_bytes <= st.prefetch_used_bytes);
@@ -2057,6 +2090,53 @@ static void test_threads(const struct model *m, enum guanaco_io_backend io) {
     guanaco_residency_destroy(r);
 }
 
+/*
+ * fixed_slots with several contexts (set_shared): one context may still compute from a slot that another's call
+ * evicts, so the file's bytes are mapped over the slot instead of the slot taking the next read; new copies go
+ * into the mapping, where every context finds them. With one context left, slots serve again.
+ */
+static void test_slots_shared(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    uint64_t budget = EXPERT_BYTES * 2;
+    struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    const char *weights0 = m->map + m->offset[0][0], *weights1 = m->map + m->offset[1][0];
+    int32_t first[2] = {1, 2}, other[2] = {5, 6}, again[2] = {9, 10};
+    CHECK(guanaco_residency_prepare_layer(r, 0, first, 2, 0) == 0);
+    CHECK(matmuls(m, r, 0, first, 2) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    const void *stale = NULL;
+    CHECK(guanaco_residency_expert_data(r, weights0, 1, true, &stale) && stale);
+    guanaco_residency_set_shared(r, true);
+    /* another context's call: the budget holds two experts, so layer 0's leave */
+    CHECK(guanaco_residency_prepare_layer(r, 1, other, 2, 1) == 0);
+    CHECK(!guanaco_residency_is_resident(r, 0, 1) && guanaco_residency_is_resident(r, 1, 5));
+    uint64_t a = slice_begin(m, 0, 0, 1);
+    CHECK(stale && memcmp(stale, expected_content + a, stride_of_tensor[0]) == 0); /* the file's bytes, mapped */
+    const void *placed = weights1;
+    CHECK(guanaco_residency_expert_data(r, weights1, 5, true, &placed) && placed == NULL);
+    a = slice_begin(m, 1, 0, 5);
+    CHECK(memcmp(m->map + a, expected_content + a, stride_of_tensor[0]) == 0);
+    guanaco_residency_set_shared(r, false);
+    CHECK(guanaco_residency_prepare_layer(r, 2, again, 2, 2) == 0); /* unmaps the retired slot first */
+    CHECK(matmuls(m, r, 2, again, 2) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    const void *slot = NULL;
+    CHECK(guanaco_residency_expert_data(r, m->map + m->offset[2][0], 9, true, &slot) && slot);
+    a = slice_begin(m, 2, 0, 9);
+    CHECK(slot && memcmp(slot, expected_content + a, stride_of_tensor[0]) == 0);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.fixed_slots && st.resident_bytes <= budget);
+    printf("  %-8s fixed slots with several contexts: an evicted slot reads the file's bytes\n",
+           guanaco_io_backend_name(io));
+    guanaco_residency_destroy(r);
+}
+
 int main(void) {
     P = (uint64_t)sysconf(_SC_PAGESIZE);
     setvbuf(stdout, NULL, _IOLBF, 0); /* keep the report in order with the module's error lines */
@@ -2114,6 +2194,18 @@ int main(void) {
             test_faults(&m, io); /* a read that fails while its layer computes fails the call at its end */
             test_graph_overlap(&m, io);
             test_deferred_hits_stay(&m, io);
+            /* the copies stay where they were read, and the matmuls ask for their addresses */
+            fixed_slots = true;
+            printf("  fixed slots:\n");
+            run_stream(&m, io, GUANACO_POLICY_GUANACO, all * 3 / 10, 0, 12, 1, 4, false, 0);
+            run_stream(&m, io, GUANACO_POLICY_LRU, all / 4, 0, 8, 3, 2, true, 0);
+            run_stream(&m, io, GUANACO_POLICY_GUANACO, EXPERT_BYTES * 2, 0, 6, 4, 4, true, 0);
+            run_prefetch_stream(&m, io, GUANACO_POLICY_LAYER_LRU, all * 3 / 10, 10, 1, 4, 3);
+            test_faults(&m, io);
+            test_graph_overlap(&m, io);
+            test_deferred_hits_stay(&m, io);
+            test_slots_shared(&m, io);
+            fixed_slots = false;
         }
         overlap_layer = false;
         if (load_mode == GUANACO_RESIDENCY_LOAD_DIRECT) {

@@ -41,7 +41,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                "layer-lru io_uring 2M page-cache none" "layer-lru threads 2M direct none+overlap=off" \
                "lfu threads 4M direct pilot+overlap=off" "guanaco threads 3M page-cache pilot" \
                "layer-lru io_uring 4M page-cache pilot --ubatch 16" "lru io_uring 3M page-cache gate" "guanaco io_uring 3M direct gate" \
-               "guanaco io_uring 3M direct gate+overlap=off" \
+               "guanaco io_uring 3M direct gate+overlap=off" "lru io_uring 2M direct pilot+slots=off" \
                "guanaco threads 2M page-cache gate --ubatch 16" \
                "lru io_uring 3M page-cache throttled-gate --gen-tokens 40" \
                "layer-lru io_uring 3M direct pilot+repack=on" "lru threads 2M page-cache none+repack=off" \
@@ -56,15 +56,18 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
         # X+repack=Y: --guanaco-repack Y (the default is auto)
         # X+stream: --guanaco-stream-prompts on (the default), checked to stream (direct loading too: its prompts
         # read through the page cache, its decode into copies); X+nostream: off
+        # X+slots=off: --guanaco-fixed-slots off (direct loading places its copies in the mapping; the others
+        # compute each expert from its slot)
         # X+overlap=off: --guanaco-overlap-layer off (the default: every call maps its reads before the layer
         # computes); the others run with it on, so the logits are checked both ways, for page-cache loading
         # (the matmuls fault the pages in) and direct loading (MUL_MAT_ID asks for each expert)
-        throttle=off predictor=${5%%+*} repack=auto stream=default overlap=on
+        throttle=off predictor=${5%%+*} repack=auto stream=default overlap=on slots=on
+        [ "${5#*+slots=}" != "$5" ] && slots=${5#*+slots=}
         [ "${5#*+repack=}" != "$5" ] && repack=${5#*+repack=}
         [ "${5#*+stream}" != "$5" ] && stream=on
         [ "${5#*+nostream}" != "$5" ] && stream=off
         [ "${5#*+overlap=}" != "$5" ] && overlap=${5#*+overlap=}
-        stream_env=(GUANACO_OVERLAP_LAYER=$overlap)
+        stream_env=(GUANACO_OVERLAP_LAYER=$overlap GUANACO_FIXED_SLOTS=$slots)
         [ $stream = default ] || stream_env+=(GUANACO_STREAM_PROMPTS=$stream)
         [ "${predictor#throttled-}" != "$predictor" ] && throttle=on predictor=${predictor#throttled-}
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
@@ -100,6 +103,10 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                 awk '{ exit !($1 > 0) }'
             check "$arch $quant: $name settled loads while their layer computed" $? \
                 "$(grep -oE '[0-9]+ loads settled[^,]*' "$W/$arch.$name.log" | tail -1)"
+            # its experts computed from their fixed slots unless told not to
+            grep -q 'while its reads land) into fixed slots' "$W/$arch.$name.log"
+            [ $? -eq $([ $slots = on ] && echo 0 || echo 1) ]
+            check "$arch $quant: $name computes from fixed slots: $slots" $? "$(grep -o 'load direct[^,]*' "$W/$arch.$name.log" | head -1)"
         fi
         # a predictor must really read ahead and use some of it, into the page cache or (direct, gate: its decode
         # guesses are sure enough on these tiny models, where pilot's are not) into
