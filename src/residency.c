@@ -448,7 +448,8 @@ static int choose_load(struct guanaco_residency *r, const struct guanaco_residen
         }
         for (uint32_t i = 0; i < r->n_tensors; i++) { /* insertion: a few hundred, once, and qsort takes no context */
             uint32_t j = i;
-            for (; j > 0 && r->tensors[r->tensors_by_address[j - 1]].mapped > r->tensors[i].mapped; j--) {
+            for (; j > 0 && (uintptr_t)r->tensors[r->tensors_by_address[j - 1]].mapped > (uintptr_t)r->tensors[i].mapped;
+                 j--) {
                 r->tensors_by_address[j] = r->tensors_by_address[j - 1];
             }
             r->tensors_by_address[j] = i;
@@ -1532,16 +1533,33 @@ static size_t page_cache_requests(struct guanaco_residency *r, const struct laye
     return n_requests;
 }
 
+/* An evicted copy's pages of at least `length` bytes (take_spare), else fresh ones; MAP_FAILED when neither. */
+static char *copy_buffer(struct guanaco_residency *r, uint64_t length) {
+    char *buffer = take_spare(r, length);
+    return buffer ? buffer : mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+}
+
+/* O_DIRECT requests for file bytes [from, to) of t (page aligned) into `buffer`, in chunks; returns their count. */
+static long direct_chunks(const struct tensor *t, uint64_t from, uint64_t to, char *buffer,
+                          struct guanaco_io_request *out) {
+    long n = 0;
+    for (uint64_t at = from; at < to; at += GUANACO_RESIDENCY_CHUNK_BYTES) {
+        uint64_t left = to - at;
+        out[n++] = (struct guanaco_io_request){
+            .fd = t->direct_fd, .offset = at,
+            .length = left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
+            .destination = buffer + (at - from)};
+    }
+    return n;
+}
+
 /* fixed_slots: the slice [a, a + stride) of t read whole into a slot (a spare, or fresh), file byte x at slot +
  * x - page_down(a): its pages rounded outward with O_DIRECT, the neighbours' bytes on its edge pages included,
  * and only a last partial page of the file, which O_DIRECT cannot end on, buffered. */
 static long slot_requests(struct guanaco_residency *r, const struct tensor *t, uint64_t a, char **staging,
                           struct guanaco_io_request *out) {
     uint64_t length = slot_length(r, t), b = a + t->stride, start = page_down(r, a);
-    char *slot = take_spare(r, length);
-    if (!slot) {
-        slot = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    }
+    char *slot = copy_buffer(r, length);
     if (slot == MAP_FAILED) {
         return -errno;
     }
@@ -1550,14 +1568,7 @@ static long slot_requests(struct guanaco_residency *r, const struct tensor *t, u
     if (direct_end > (uint64_t)r->shards[t->shard].size) {
         direct_end = page_down(r, b);
     }
-    long n = 0;
-    for (uint64_t at = start; at < direct_end; at += GUANACO_RESIDENCY_CHUNK_BYTES) {
-        uint64_t left = direct_end - at;
-        out[n++] = (struct guanaco_io_request){
-            .fd = t->direct_fd, .offset = at,
-            .length = left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
-            .destination = slot + (at - start)};
-    }
+    long n = direct_chunks(t, start, direct_end, slot, out);
     uint64_t tail = direct_end > a ? direct_end : a;
     if (tail < b) {
         out[n++] = (struct guanaco_io_request){.fd = t->fd, .offset = tail, .length = b - tail,
@@ -1582,21 +1593,12 @@ static long direct_slice_requests(struct guanaco_residency *r, const struct tens
         out[n++] = (struct guanaco_io_request){.fd = t->fd, .offset = a, .length = b - a, .destination = edges};
         return n;
     }
-    char *buffer = take_spare(r, inner_end - inner_start);
-    if (!buffer) {
-        buffer = mmap(NULL, inner_end - inner_start, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    }
+    char *buffer = copy_buffer(r, inner_end - inner_start);
     if (buffer == MAP_FAILED) {
         return -errno;
     }
     *staging = buffer;
-    for (uint64_t at = inner_start; at < inner_end; at += GUANACO_RESIDENCY_CHUNK_BYTES) {
-        uint64_t left = inner_end - at;
-        out[n++] = (struct guanaco_io_request){
-            .fd = t->direct_fd, .offset = at,
-            .length = left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
-            .destination = buffer + (at - inner_start)};
-    }
+    n += direct_chunks(t, inner_start, inner_end, buffer, out + n);
     if (a < inner_start) {
         out[n++] = (struct guanaco_io_request){.fd = t->fd, .offset = a, .length = inner_start - a, .destination = edges};
     }
