@@ -295,8 +295,8 @@ bool guanaco_residency_is_resident(const struct guanaco_residency *r, uint32_t l
 
 /*
  * mincore over every expert tensor's mapped range (rounded outward to pages,
- * pages shared by two tensors counted once): bytes of expert pages actually
- * resident, page granularity. On a shared file mapping mincore reports the
+ * pages shared by two tensors counted once), and over every fixed slot's
+ * copy: bytes of expert pages actually resident, page granularity. On a shared file mapping mincore reports the
  * page cache, so this is the RAM the experts really hold. 0 or -errno.
  */
 int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_resident_bytes);
