@@ -451,7 +451,7 @@ static struct guanaco_read_ahead_throttle *throttle_of(struct guanaco_engine *en
 }
 
 bool guanaco_engine_read_ahead_allowed(struct guanaco_engine *engine, int n_tokens) {
-    if (!engine->predictor) {
+    if (!engine->predictor || (engine->decode_reads_no_guesses && n_tokens <= (int)GUANACO_GATE_MAX_TOKENS)) {
         return false;
     }
     pthread_mutex_lock(&engine->predictor_lock);
@@ -729,6 +729,13 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         atomic_store(&expert_ready_owner, NULL); /* direct loading fell back to the page cache */
     }
     engine->prompt_read_ahead = started.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE || started.stream_prompts;
+    /* With fixed slots the decode stall is the disk, and decode's guesses compete with its misses for it: pilot
+       against none 0.83, 0.95 and 0.89 on three cells, throttle on (bench/PIPELINE.md, Dec 4). Prompts still gain. */
+    engine->decode_reads_no_guesses = started.fixed_slots && engine->predictor;
+    if (engine->decode_reads_no_guesses) {
+        guanaco_log_info("read-ahead: prompts only; with fixed slots decode's guesses slowed its own reads (README, "
+                         "--guanaco-prefetch)");
+    }
     char prefetch[128] = "none";
     if (engine->predictor) {
         snprintf(prefetch, sizeof(prefetch), "%s, up to %.2f GiB ahead", guanaco_predictor_kind_name(o->prefetch),

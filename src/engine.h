@@ -59,6 +59,7 @@ struct guanaco_engine {
     struct guanaco_router_gate *router_gate;   /* --guanaco-prefetch gate: each layer's router, else NULL */
     struct guanaco_read_ahead_throttle throttle[2]; /* decode, prompt ubatches; under predictor_lock */
     bool prompt_read_ahead;                    /* page-cache loading: a prompt reads the next layer ahead */
+    bool decode_reads_no_guesses;              /* fixed slots: only prompts read ahead (bench/PIPELINE.md) */
     uint64_t auto_memory;                      /* --guanaco-ram auto: the memory it divides; 0 otherwise */
     _Atomic int64_t context_bytes;             /* host KV cache and compute buffers of the live contexts */
     char **guarded_mappings;                   /* per shard: the mapping mapping_guard watches, or NULL */
