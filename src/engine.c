@@ -535,7 +535,7 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
 
 /* ggml-cpu has one MUL_MAT_ID question for the whole process: the first engine that overlaps direct reads
    answers it. */
-static _Atomic(struct guanaco_engine *) expert_ready_owner;
+static _Atomic(struct guanaco_engine *) expert_weights_owner;
 
 /* Where MUL_MAT_ID finds expert `expert` of `weights`: its fixed slot, or the mapping; NULL while it is still
    being read and `wait` is false. */
@@ -550,9 +550,9 @@ static const void *expert_weights(const struct ggml_tensor *weights, int32_t exp
 }
 
 /* Whether this engine may answer MUL_MAT_ID's question; takes it if so. */
-static bool claim_expert_ready(struct guanaco_engine *engine) {
+static bool claim_expert_weights(struct guanaco_engine *engine) {
     struct guanaco_engine *none = NULL;
-    return atomic_compare_exchange_strong(&expert_ready_owner, &none, engine);
+    return atomic_compare_exchange_strong(&expert_weights_owner, &none, engine);
 }
 
 int guanaco_engine_finish_graph(struct guanaco_engine *engine) {
@@ -673,7 +673,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     };
     /* direct loading's overlap needs MUL_MAT_ID to ask: one engine per process gets it, the others wait for
        their reads as without the overlap */
-    if (config.overlap_layer && load == GUANACO_RESIDENCY_LOAD_DIRECT && !claim_expert_ready(engine)) {
+    if (config.overlap_layer && load == GUANACO_RESIDENCY_LOAD_DIRECT && !claim_expert_weights(engine)) {
         guanaco_log_info("--guanaco-overlap-layer: another model in this process overlaps its direct reads; this one "
                          "waits for its reads");
         config.overlap_layer = false;
@@ -686,7 +686,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     }
     if (err < 0) {
         struct guanaco_engine *self = engine;
-        atomic_compare_exchange_strong(&expert_ready_owner, &self, NULL);
+        atomic_compare_exchange_strong(&expert_weights_owner, &self, NULL);
         return err;
     }
     if (o->preload) {
@@ -723,10 +723,10 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     struct guanaco_residency_stats started;
     guanaco_residency_get_stats(engine->residency, &started);
     if (started.overlap_layer && started.load == GUANACO_RESIDENCY_LOAD_DIRECT) {
-        engine->asks_expert_ready = true;
+        engine->asks_expert_weights = true;
         ggml_cpu_set_expert_weights(expert_weights, engine);
-    } else if (atomic_load(&expert_ready_owner) == engine) {
-        atomic_store(&expert_ready_owner, NULL); /* direct loading fell back to the page cache */
+    } else if (atomic_load(&expert_weights_owner) == engine) {
+        atomic_store(&expert_weights_owner, NULL); /* direct loading fell back to the page cache */
     }
     engine->prompt_read_ahead = started.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE || started.stream_prompts;
     /* With fixed slots the decode stall is the disk, and decode's guesses compete with its misses for it: pilot
@@ -1222,11 +1222,11 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
                  (unsigned long long)st.loads_settled_computing);
         /* the preload is reported on its own line: these are the decode's */
         log_residency("residency", &st, &engine->after_preload, atomic_load(&engine->tokens_done), tail);
-        if (engine->asks_expert_ready) {
+        if (engine->asks_expert_weights) {
             ggml_cpu_set_expert_weights(NULL, NULL);
         }
         struct guanaco_engine *self = engine; /* also when the start failed after claiming it */
-        atomic_compare_exchange_strong(&expert_ready_owner, &self, NULL);
+        atomic_compare_exchange_strong(&expert_weights_owner, &self, NULL);
         guanaco_residency_destroy(engine->residency);
     }
     guanaco_expert_repack_destroy(engine->repack);

@@ -67,7 +67,7 @@ struct guanaco_engine {
     _Atomic int mapping_faulted;               /* a read past the file's end was turned into zeros: fail */
     _Atomic int told_mapping_faulted;
     _Atomic int trace_error_returned;          /* trace_error has failed a graph already */
-    bool asks_expert_ready;                    /* ggml-cpu's MUL_MAT_ID asks this engine's residency per expert */
+    bool asks_expert_weights;                  /* ggml-cpu's MUL_MAT_ID asks this engine's residency per expert */
 };
 
 /* A graph has computed: the last layer's call, if it returned with reads in flight (--guanaco-overlap-layer

@@ -117,7 +117,7 @@ struct prefetch_run {
 };
 
 /* overlap_layer with DIRECT: a call that returned with its demand reads in flight, one job per missing expert.
-   MUL_MAT_ID asks for each expert as it reaches it (guanaco_residency_expert_ready), and whatever comes next
+   MUL_MAT_ID asks for each expert as it reaches it (guanaco_residency_expert_data), and whatever comes next
    (the next call, the end of the graph) finishes the call: the policy hears of it, and evicts. */
 struct deferred_call { /* in force while guanaco_residency.deferred_active */
     uint32_t layer;
@@ -244,7 +244,7 @@ struct guanaco_residency {
 
     /* DIRECT with overlap_layer: one job per missing expert, so that a matmul waits only for its own */
     struct deferred_call deferred;
-    atomic_bool deferred_active;   /* a deferred call is under way; read without the lock by expert_ready */
+    atomic_bool deferred_active;   /* a deferred call is under way; read without the lock by expert_data */
     struct guanaco_io_job *expert_jobs; /* n_expert */
     size_t *expert_first_request;       /* n_expert + 1: missing expert i's requests start there in r->requests */
     unsigned char *expert_state;        /* n_expert: enum expert_state of missing expert i */
@@ -831,7 +831,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
         advise_random(r);
     }
     /* PAGE_CACHE: the matmuls fault the pages in. DIRECT places whole copies, so the matmuls ask for each
-       expert (guanaco_residency_expert_ready); it never has arenas (choose_load). */
+       expert (guanaco_residency_expert_data); it never has arenas (choose_load). */
     r->overlap_layer = config->overlap_layer;
     if (!err && r->overlap_layer && r->load == GUANACO_RESIDENCY_LOAD_DIRECT) {
         r->expert_jobs = calloc(r->n_expert, sizeof(*r->expert_jobs));
@@ -2320,7 +2320,7 @@ static bool defers(const struct guanaco_residency *r, bool stream) {
  * Without `wait` it only says whether that is so now, settling it when its
  * reads have landed. Called with the lock held; the lock is released while
  * waiting for the disk, so another thread can ask about the other experts.
- * from_matmul: a matmul asks (guanaco_residency_expert_ready); the thread that settles the expert counts it,
+ * from_matmul: a matmul asks (guanaco_residency_expert_data); the thread that settles the expert counts it,
  * and, when it waited, the wait as stall.
  */
 static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool from_matmul) {
@@ -2449,11 +2449,6 @@ bool guanaco_residency_expert_data(struct guanaco_residency *r, const void *weig
         *data = slot ? slot + (a - page_down(r, a)) : NULL;
     }
     return true;
-}
-
-bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait) {
-    const void *data;
-    return guanaco_residency_expert_data(r, weights, expert, wait, &data);
 }
 
 int guanaco_residency_finish(struct guanaco_residency *r) {

@@ -157,7 +157,7 @@ struct guanaco_residency_config {
        waiting in the kernel for the reads still in flight. The reads go in the order of the layer's tensors
        (give them in the order they compute) and, within one, by expert number, the order MUL_MAT_ID takes.
        DIRECT: a call returns with each missing expert's reads in flight as one job; the matmul asks
-       guanaco_residency_expert_ready for each expert before it computes with it, and the call ends (the
+       guanaco_residency_expert_data for each expert before it computes with it, and the call ends (the
        policy hears of it and evicts) at the next call or guanaco_residency_finish. Not with several contexts
        (set_shared), nor for a streamed call or the preload: those wait for their reads as without it. */
     bool overlap_layer;
@@ -199,7 +199,7 @@ struct guanaco_residency_stats {
     uint64_t spare_bytes;           /* now: evicted DIRECT copies kept for the next reads, beyond the budget (at
                                        most max(budget / 8, 64 MiB); none while a prompt streams) */
     uint64_t loads_settled_computing; /* DIRECT with overlap_layer: loads a matmul asked for while its layer
-                                         computed (guanaco_residency_expert_ready), not settled at the call's end */
+                                         computed (guanaco_residency_expert_data), not settled at the call's end */
     enum guanaco_io_backend io_backend;
     enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
     bool overlap_layer;               /* in force: config.overlap_layer */
@@ -258,19 +258,16 @@ int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, cons
 
 /*
  * overlap_layer with DIRECT loading: whether expert `expert` of the tensor
- * whose expert 0 is mapped at `weights` can be computed with now. Without
- * `wait` it answers at once (true for anything not being read); with `wait`
- * it returns true once the expert's reads are done and its copies placed.
- * A failed read leaves the file's own mapping there, so a matmul that goes on
- * faults the bytes in through the page cache; the call then fails at its end.
- * Any thread, any number at once; lock-free when no call is under way.
- */
-bool guanaco_residency_expert_ready(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait);
-
-/*
- * expert_ready, and where the expert computes: *data is its first byte in a fixed slot (fixed_slots), or NULL
- * when it computes from the mapping at weights + expert * stride (not ours, not in a slot, or several contexts
- * placed it there). The address stays good until the next call of a context, which may evict it.
+ * whose expert 0 is mapped at `weights` can be computed with now, and where.
+ * Without `wait` it answers at once (true for anything not being read); with
+ * `wait` it returns true once the expert's reads are done and its copies
+ * placed. *data is then its first byte in a fixed slot (fixed_slots), or NULL
+ * when it computes from the mapping at weights + expert * stride (not ours,
+ * not in a slot, or several contexts placed it there); the address stays good
+ * until the next call of a context, which may evict it. A failed read leaves
+ * the file's own mapping there, so a matmul that goes on faults the bytes in
+ * through the page cache; the call then fails at its end. Any thread, any
+ * number at once; lock-free when no call is under way.
  */
 bool guanaco_residency_expert_data(struct guanaco_residency *r, const void *weights, uint32_t expert, bool wait,
                                    const void **data);
