@@ -267,13 +267,17 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
     if (streamed) {
         run->stream_ahead[next] = true;
     }
-    guanaco_policy_set_reserve(run->policy, wanted * expert_bytes);
-    int err = pipeline_evict(run, layer, evictions,
+    /* room inside the budget for decode's guesses; a streamed layer takes none, as in the engine */
+    int err = 0;
+    if (!streamed) {
+        guanaco_policy_set_reserve(run->policy, wanted * expert_bytes);
+        err = pipeline_evict(run, layer, evictions,
                              run->config->load_direct ? &run->pending_evict_bytes : &run->pending_drop_bytes);
-    uint64_t used = guanaco_policy_resident_bytes(run->policy);
-    size_t fits = used < run->budget ? (size_t)((run->budget - used) / expert_bytes) : 0;
-    wanted = fits < wanted ? fits : wanted;
-    guanaco_policy_set_reserve(run->policy, wanted * expert_bytes);
+        uint64_t used = guanaco_policy_resident_bytes(run->policy);
+        size_t fits = used < run->budget ? (size_t)((run->budget - used) / expert_bytes) : 0;
+        wanted = fits < wanted ? fits : wanted;
+        guanaco_policy_set_reserve(run->policy, wanted * expert_bytes);
+    }
     run->ahead = (struct pipeline_ahead){.active = wanted > 0, .layer = next, .pass = trace->request_token[r],
                                          .window_seconds = compute_seconds, .n = wanted,
                                          .bytes = wanted * expert_bytes};

@@ -114,6 +114,7 @@ struct prefetch_run {
     char **staging;          /* max_tensors_in_layer */
     char *edges;             /* max_tensors_in_layer * 2 * EDGE_SLOT_PAGES pages */
     bool copies;             /* read into staging; else into the page cache (PAGE_CACHE, or a streamed layer's) */
+    bool streamed;           /* a prompt's layer: used once by its call, outside the budget as the call's reads */
 };
 
 /* overlap_layer with DIRECT: a call that returned with its demand reads in flight, one job per missing expert.
@@ -207,12 +208,12 @@ struct guanaco_residency {
     uint32_t *run_of_slot;     /* n_layer * n_expert: index + 1 of the active run reading the expert, 0 = none */
     size_t max_run_requests;
     uint64_t prefetch_allowance;   /* most bytes read ahead at once; 0 = prefetch off */
-    uint64_t prefetch_outstanding; /* bytes of active runs: the policy's reserve */
+    uint64_t prefetch_outstanding; /* bytes of active runs, against the allowance */
+    uint64_t stream_outstanding;   /* the part of it that streamed runs read: not in the policy's reserve */
     uint32_t *prediction_stamp;    /* n_layer * n_expert: the prediction that last named the slot */
     uint32_t *layer_prediction;    /* n_layer: the prediction for the layer's next call, 0 = none */
     uint32_t *prefetch_wanted;     /* n_expert: prefetch_locked's experts to read (a deferred call holds missing) */
     uint32_t predictions;
-    bool told_prompt_room;
 
     /* stream_prompts (config): prompt-sized calls use their reads once and drop them */
     bool stream;
@@ -1887,6 +1888,14 @@ static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t 
  * the issued ones waits for their reads. A request that failed may have been
  * issued too; mapping it at worst reads what the drop then drops.
  */
+/* The room the policy keeps beside its resident set for read-ahead in flight. A streamed run is left out: its
+   call uses its pages once and drops them, like the streamed call's own reads, which take no room either. Made
+   room for, a prompt's read-ahead evicted up to a layer of what decoding keeps, and decode read it all again
+   (own routing at 25%: pilot 0.90 of none; bench/PIPELINE.md). */
+static uint64_t read_ahead_reserve(const struct guanaco_residency *r) {
+    return r->prefetch_outstanding - r->stream_outstanding;
+}
+
 static void settle_issued(struct guanaco_residency *r, const struct prefetch_run *run) {
     for (size_t q = 0; q < run->n_requests; q++) {
         const struct guanaco_io_request *req = &run->requests[q];
@@ -1910,9 +1919,10 @@ static void release_run(struct guanaco_residency *r, struct prefetch_run *run) {
         r->run_of_slot[(size_t)run->layer * r->n_expert + e] = 0;
     }
     r->prefetch_outstanding -= run->bytes;
+    r->stream_outstanding -= run->streamed ? run->bytes : 0;
     run->active = false;
     unmap_huge(run);
-    guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding);
+    guanaco_policy_set_reserve(r->policy, read_ahead_reserve(r));
 }
 
 /*
@@ -2163,24 +2173,20 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         r->stream_ahead[layer] = true;
         set_streaming(r, true);
     }
-    /* Room inside the budget: the policy gives up its least wanted experts, never the protected layer's. */
-    guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding + wanted * expert_bytes);
-    /* The victims' pages are dropped once the runs are submitted: the disk starts on them first (a prompt's
-       room for a whole layer is hundreds of MB of pages to drop). The runs' neighbours keep their shared
-       edge pages (holds() counts runs), and until the drop the page cache holds both, at most one layer. */
-    int err = evict_by_policy(r, protect_layer, token, &r->pending_drops);
-    uint64_t used = guanaco_policy_resident_bytes(r->policy) + r->prefetch_outstanding;
-    uint64_t budget = r->budget_bytes;
-    size_t fits = used < budget ? (size_t)((budget - used) / expert_bytes) : 0;
-    if (fits < wanted) {
-        if (wanted >= r->n_expert / 2 && !r->told_prompt_room) {
-            r->told_prompt_room = true;
-            guanaco_log_info("residency: the budget holds %zu of the %zu experts a prompt needs next beside the "
-                             "current layer's: reading ahead only those", fits, wanted);
-        }
-        wanted = fits;
+    /* Room inside the budget, for decode's guesses: the policy gives up its least wanted experts, never the
+       protected layer's. The victims' pages are dropped once the runs are submitted: the disk starts on them
+       first. The runs' neighbours keep their shared edge pages (holds() counts runs). A streamed layer takes
+       no room (read_ahead_reserve): with the current one, two layers' pages are cached until the next call. */
+    int err = 0;
+    if (!streamed) {
+        guanaco_policy_set_reserve(r->policy, read_ahead_reserve(r) + wanted * expert_bytes);
+        err = evict_by_policy(r, protect_layer, token, &r->pending_drops);
+        uint64_t used = guanaco_policy_resident_bytes(r->policy) + read_ahead_reserve(r);
+        uint64_t budget = r->budget_bytes;
+        size_t fits = used < budget ? (size_t)((budget - used) / expert_bytes) : 0;
+        wanted = fits < wanted ? fits : wanted;
+        guanaco_policy_set_reserve(r->policy, read_ahead_reserve(r) + wanted * expert_bytes);
     }
-    guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding + wanted * expert_bytes);
     /* ascending ids: consecutive experts are consecutive bytes of every tensor, so they share requests */
     qsort(r->prefetch_wanted, wanted, sizeof(*r->prefetch_wanted), compare_u32);
     const struct layer *l = &r->layers[layer];
@@ -2206,7 +2212,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
                                      .bytes = (uint64_t)count * expert_bytes, .requests = run->requests,
                                      .addresses = run->addresses, .huge_maps = run->huge_maps,
                                      .huge_lengths = run->huge_lengths, .staging = run->staging, .edges = run->edges,
-                                     .copies = copies};
+                                     .copies = copies, .streamed = streamed};
         if (copies && direct_run_requests(r, run) != 0) {
             run->active = false;
             break; /* no memory for the copies: the rest is read on demand */
@@ -2230,12 +2236,13 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
             r->run_of_slot[(size_t)layer * r->n_expert + e] = (uint32_t)(run - r->runs) + 1;
         }
         r->prefetch_outstanding += run->bytes;
+        r->stream_outstanding += streamed ? run->bytes : 0;
         r->stats.prefetch_issued_bytes += run->bytes;
         r->stats.prefetch_issued_experts += count;
         (void)guanaco_io_submit(r->io, &run->job, run->requests, run->n_requests, 0);
         i += count;
     }
-    guanaco_policy_set_reserve(r->policy, r->prefetch_outstanding);
+    guanaco_policy_set_reserve(r->policy, read_ahead_reserve(r));
     int drop_error = drop_pending(r, false); /* these victims and any the last call left; the layer computes */
     return err ? err : drop_error;
 }
@@ -2601,7 +2608,7 @@ static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_dis
         }
         return err;
     }
-    uint64_t resident = guanaco_policy_resident_bytes(r->policy) + r->prefetch_outstanding;
+    uint64_t resident = guanaco_policy_resident_bytes(r->policy) + read_ahead_reserve(r);
     if (resident > r->stats.peak_resident_bytes) {
         r->stats.peak_resident_bytes = resident;
     }

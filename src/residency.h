@@ -25,7 +25,9 @@
  * bytes (the accounting) after prepare_layer are <= max(budget, W of the
  * layer just prepared). During a call the missing experts are read before
  * eviction, so the peak is max(budget, W) + W with W the largest layer's
- * working set: budget + W whenever the budget holds one working set. Page
+ * working set: budget + W whenever the budget holds one working set. A
+ * prompt's read-ahead of the next layer (streamed, below) adds one more W of
+ * page cache while the current one computes. Page
  * rounding adds at most 2 pages per resident slice, plus the 2 pages per
  * expert tensor above. PAGE_CACHE reads have no destination: the kernel
  * fills the page cache directly (POSIX_FADV_WILLNEED, no copy through user
@@ -243,7 +245,10 @@ int guanaco_residency_preload_layer(struct guanaco_residency *r, uint32_t layer,
  * config.prefetch_bytes and, with
  * the resident experts, within the budget: the policy first evicts its
  * least wanted experts to make room (never protect_layer's, whose experts
- * are computing now), and what still does not fit is not read. The layer's
+ * are computing now), and what still does not fit is not read. A streamed
+ * read-ahead (half the layer or more: a prompt's) takes no room in the
+ * budget and evicts nothing, as its call's own reads take none: its pages
+ * are used once and dropped at the call after. The layer's
  * next prepare_layer claims what it needs, waiting only for reads still in
  * flight, and drops the rest. The prediction is scored there too (stats:
  * prediction_checked, predicted_needed). A wrong guess costs bytes, never

@@ -1540,6 +1540,79 @@ static void test_streaming_frees_spares(const struct model *m, enum guanaco_io_b
     guanaco_residency_destroy(r);
 }
 
+/*
+ * A prompt's read-ahead of the next layer streams, like the prompt's calls:
+ * it takes no room in the budget, so with the budget full of what decoding
+ * chose, a whole prompt with read-ahead before every layer evicts nothing
+ * and leaves every resident expert resident. (Made room for, it evicted up
+ * to a layer of them, and decoding read them all again.)
+ */
+static void test_prompt_read_ahead_keeps_residents(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
+    struct guanaco_residency_config config = config_of(m, all / 4, 0, GUANACO_POLICY_LRU, io);
+    config.stream_prompts = true;
+    config.prefetch_bytes = all / 2;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    int32_t every[N_EXPERT];
+    uint32_t every_u[N_EXPERT];
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        every[e] = (int32_t)e;
+        every_u[e] = e;
+    }
+    uint64_t token = 0;
+    for (; token < 8; token++) { /* decode until lru evicts: the budget is full */
+        const int32_t pair[2] = {(int32_t)(2 * token % N_EXPERT), (int32_t)((2 * token + 1) % N_EXPERT)};
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            CHECK(prepare(m, r, l, pair, 2, token) == 0);
+        }
+    }
+    struct guanaco_residency_stats before, after;
+    guanaco_residency_get_stats(r, &before);
+    CHECK(before.evictions > 0 && before.resident_bytes + EXPERT_BYTES > all / 4);
+    bool resident[N_LAYER][N_EXPERT];
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        for (uint32_t x = 0; x < N_EXPERT; x++) {
+            resident[l][x] = guanaco_residency_is_resident(r, l, x);
+        }
+    }
+    CHECK(guanaco_residency_prefetch(r, 0, every_u, N_EXPERT, N_EXPERT, m->n_layer - 1, token) == 0);
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        CHECK(prepare(m, r, l, every, N_EXPERT, token) == 0);
+        if (l + 1 < m->n_layer) {
+            CHECK(guanaco_residency_prefetch(r, l + 1, every_u, N_EXPERT, N_EXPERT, l, token) == 0);
+        }
+    }
+    /* the next token, on decode's last experts (all hits), drops what the prompt streamed */
+    const int32_t last_pair[2] = {(int32_t)(2 * (token - 1) % N_EXPERT), (int32_t)((2 * (token - 1) + 1) % N_EXPERT)};
+    token++;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        CHECK(prepare(m, r, l, last_pair, 2, token) == 0);
+    }
+    CHECK(guanaco_residency_finish(r) == 0);
+    guanaco_residency_get_stats(r, &after);
+    CHECK(after.prefetch_used_experts > before.prefetch_used_experts); /* the prompt did read ahead */
+    CHECK(after.streamed_bytes > before.streamed_bytes);
+    CHECK(after.evictions == before.evictions);
+    CHECK(after.resident_bytes == before.resident_bytes);
+    bool kept = true;
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        for (uint32_t x = 0; x < N_EXPERT; x++) {
+            kept = kept && guanaco_residency_is_resident(r, l, x) == resident[l][x];
+        }
+    }
+    CHECK(kept);
+    printf("  a prompt's read-ahead: %llu experts read ahead and used; decode's resident set %.1f MB before, "
+           "%.1f MB after\n", (unsigned long long)(after.prefetch_used_experts - before.prefetch_used_experts),
+           (double)before.resident_bytes / 1e6, (double)after.resident_bytes / 1e6);
+    verify(m, r, UINT32_MAX, NULL, 0, all / 4, 0, -1);
+    guanaco_residency_destroy(r);
+}
+
 /* The mappings of /proc/self/maps, in address order; how many are written to `out`, or -1. */
 static int read_mappings(uintptr_t (*out)[2], int capacity) {
     FILE *f = fopen("/proc/self/maps", "r");
@@ -2208,6 +2281,7 @@ int main(void) {
             fixed_slots = false;
         }
         overlap_layer = false;
+        test_prompt_read_ahead_keeps_residents(&m, io);
         if (load_mode == GUANACO_RESIDENCY_LOAD_DIRECT) {
             test_streaming_frees_spares(&m, io);
             test_eviction_leaves_no_hole(&m, io);
