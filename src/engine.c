@@ -746,7 +746,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
                      gib(budget), gib(m->expert_bytes), 100.0 * (double)budget / (double)m->expert_bytes,
                      o->max_experts, guanaco_policy_kind_name(config.policy), guanaco_io_backend_name(config.io_backend),
                      load_name(started.load),
-                     started.overlap_layer && engine->repacked_tensors < m->n_tensors
+                     started.overlap_layer && (engine->repacked_tensors < m->n_tensors || started.fixed_slots)
                          ? " (a layer computes while its reads land)" : "",
                      started.fixed_slots ? " into fixed slots" : "",
                      prefetch, o->status_every);

@@ -18,7 +18,10 @@
  * the whole tensor repacked at once: the logits equal plain llama.cpp's
  * default, bit for bit.
  *
- * Only the public ggml API is used; nothing in the patch series.
+ * Only the public ggml API is used for the arena and the repack. With
+ * fixed slots (residency.h) the repacked expert lives in a slot instead, and
+ * the repacked MUL_MAT_ID asks where, through patch 0006's
+ * ggml_cpu_expert_weights_wait: the only glue.
  */
 #ifndef GUANACO_EXPERT_REPACK_H
 #define GUANACO_EXPERT_REPACK_H

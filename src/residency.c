@@ -265,6 +265,11 @@ static const char *address_of(const struct tensor *t, uint64_t offset) {
     return t->mapped + (offset - t->begin);
 }
 
+/* Where ggml finds expert 0 of t: its arena when it has one (a repacked tensor's data), else the mapping. */
+static const char *compute_base(const struct tensor *t) {
+    return t->arena ? t->arena : t->mapped;
+}
+
 /* fixed_slots: the bytes of one copy of a slice of t, its pages rounded outward at any alignment, so that every
    copy of t's slices fits every slot of t's length. */
 static uint64_t slot_length(const struct guanaco_residency *r, const struct tensor *t) {
@@ -409,8 +414,11 @@ static int choose_load(struct guanaco_residency *r, const struct guanaco_residen
     if (config->load != GUANACO_RESIDENCY_LOAD_DIRECT) {
         return 0;
     }
-    if (r->transform_source) {
-        guanaco_log_info("residency: repacked experts load through the page cache: using page-cache loading");
+    /* Repacked experts need a place of their own to be repacked into: a fixed slot, or their arena, which only
+       the page-cache path fills. */
+    if (r->transform_source && !(config->fixed_slots && config->overlap_layer)) {
+        guanaco_log_info("residency: repacked experts without fixed slots load through the page cache: using "
+                         "page-cache loading");
         return 0;
     }
     for (uint32_t i = 0; i < r->n_tensors; i++) {
@@ -449,7 +457,8 @@ static int choose_load(struct guanaco_residency *r, const struct guanaco_residen
         }
         for (uint32_t i = 0; i < r->n_tensors; i++) { /* insertion: a few hundred, once, and qsort takes no context */
             uint32_t j = i;
-            for (; j > 0 && (uintptr_t)r->tensors[r->tensors_by_address[j - 1]].mapped > (uintptr_t)r->tensors[i].mapped;
+            for (; j > 0 && (uintptr_t)compute_base(&r->tensors[r->tensors_by_address[j - 1]]) >
+                              (uintptr_t)compute_base(&r->tensors[i]);
                  j--) {
                 r->tensors_by_address[j] = r->tensors_by_address[j - 1];
             }
@@ -1301,7 +1310,7 @@ static int drop_expert_pages(struct guanaco_residency *r, uint32_t layer, uint32
                 first_error = err;
             }
         }
-        if (t->arena) {
+        if (t->arena && !copy) { /* a slot's transform never touched the arena */
             int err = drop_arena_slice(r, layer, t, e);
             first_error = first_error ? first_error : err;
         }
@@ -1441,6 +1450,22 @@ static int transform_slice(struct guanaco_residency *r, const struct tensor *t, 
     }
     r->stats.transformed_bytes += t->stride;
     return 0;
+}
+
+/*
+ * fixed_slots: an arena tensor's expert e, read whole into its slot, is
+ * transformed where it lies (through transform_source: ggml's repack reads
+ * every row of an interleave group before it writes the group). The slot's
+ * pages were touched by an earlier copy or by the read, so this is ggml's
+ * repack alone, where the arena paid a first touch per page, every time.
+ */
+static int transform_in_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char *slice) {
+    uint64_t start = guanaco_now_ns();
+    memcpy(r->transform_source, slice, t->stride);
+    int err = t->transform(t->transform_context, e, r->transform_source, slice);
+    r->stats.transform_ns += guanaco_now_ns() - start;
+    r->stats.transformed_bytes += err ? 0 : t->stride;
+    return err;
 }
 
 /* Bytes beyond an arena tensor's ends that its page-cache drop covers too: a large folio the kernel read
@@ -1692,10 +1717,20 @@ static int place_slot(struct guanaco_residency *r, const struct tensor *t, uint3
     uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride, length = slot_length(r, t);
     char *slot = *staging;
     *kept = !r->shared;
+    if (*kept && t->arena) {
+        int err = transform_in_slot(r, t, e, slot + (a - page_down(r, a)));
+        if (err) {
+            return err; /* the caller discards the slot with the copies it did not place */
+        }
+    }
     if (*kept) {
         atomic_store(&r->slot_copy[slot_index(r, t, e)], slot);
         *staging = NULL;
         return 0;
+    }
+    if (t->arena) {
+        guanaco_log_error("residency: repacked experts serve one context at a time");
+        return -EBUSY;
     }
     uint64_t head = page_up(r, a) - page_down(r, a), inner = page_up(r, a) < page_down(r, b) ? page_down(r, b) - page_up(r, a) : 0;
     if (inner) {
@@ -1721,6 +1756,18 @@ static int place_slot(struct guanaco_residency *r, const struct tensor *t, uint3
     return 0;
 }
 
+/* fixed_slots: expert e's slots of l's first n tensors go back to the spares: an expert placed in part is not
+   resident, and no slot may outlive it. */
+static void unplace_slots(struct guanaco_residency *r, const struct layer *l, uint32_t e, uint32_t n) {
+    for (uint32_t k = 0; r->slots && k < n; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        char *copy = atomic_exchange(&r->slot_copy[slot_index(r, t, e)], NULL);
+        if (copy) {
+            release_slot(r, t, e, copy);
+        }
+    }
+}
+
 /* Maps expert e's slices, moving the copies read into staging[tensor] in first where staging is not NULL; 0 or
    the first error. */
 static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging) {
@@ -1731,6 +1778,7 @@ static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32
         if (staging) {
             bool kept = false;
             if ((err = r->slots ? place_slot(r, t, e, &staging[k], &kept) : move_into_place(r, t, a, &staging[k])) != 0) {
+                unplace_slots(r, l, e, k);
                 return err;
             }
             if (kept) {
@@ -2407,10 +2455,10 @@ static const struct tensor *tensor_at(const struct guanaco_residency *r, const v
     while (low < high) {
         size_t middle = low + (high - low) / 2;
         const struct tensor *t = &r->tensors[r->tensors_by_address[middle]];
-        if (t->mapped == (const char *)weights) {
+        if (compute_base(t) == (const char *)weights) {
             return t;
         }
-        if ((uintptr_t)t->mapped < (uintptr_t)weights) {
+        if ((uintptr_t)compute_base(t) < (uintptr_t)weights) {
             low = middle + 1;
         } else {
             high = middle;
@@ -2434,7 +2482,7 @@ bool guanaco_residency_expert_data(struct guanaco_residency *r, const void *weig
         bool ours = false;
         for (uint32_t k = 0; l && k < l->n_tensors && !ours; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
-            ours = address_of(t, t->begin) == (const char *)weights;
+            ours = compute_base(t) == (const char *)weights;
         }
         for (size_t i = 0; ours && i < r->deferred.n_missing; i++) {
             if (r->missing[i] == expert) {
@@ -2631,8 +2679,9 @@ static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_dis
            the last layer, the next ubatch's or token's first call) */
         r->stream_pending[layer] = true;
     }
-    if (r->stats.transformed_bytes != transformed_before || r->stats.prefetch_wasted_bytes != wasted_before) {
-        drop_arena_file_pages(r, layer); /* a call that only hit read nothing: no fadvise on that path */
+    /* a call that only hit read nothing: no fadvise on that path; slots read with O_DIRECT and leave nothing */
+    if (!r->slots && (r->stats.transformed_bytes != transformed_before || r->stats.prefetch_wasted_bytes != wasted_before)) {
+        drop_arena_file_pages(r, layer);
     }
     return first_error ? first_error : drop_error ? drop_error : pending_error;
 }

@@ -109,11 +109,20 @@
  * copied out of the page cache (pread) through the tensor's transform into
  * the arena, and their pages leave the page cache at once. Eviction drops
  * the arena's pages (MADV_DONTNEED), with the edge-page rule applied to the
- * arena's pages. Such tensors always load this way; DIRECT falls back to
- * PAGE_CACHE when any tensor has an arena. An evicted arena slice reads as
- * zeros, not as the file's bytes, so a context computing while another
- * context's call evicts its experts would compute wrong weights: the caller
- * must not use arenas with concurrent contexts.
+ * arena's pages. DIRECT falls back to PAGE_CACHE when any tensor has an
+ * arena, except with fixed_slots: then an arena tensor's slice is read whole
+ * into a slot like any other and transformed there (through a scratch copy:
+ * a transform reads its source rows after writing), and
+ * guanaco_residency_expert_data finds it by the arena's address, which is
+ * what ggml holds as the tensor's data. The arena then stays untouched,
+ * except by the warm start's adoption (guanaco_residency_adopt_cached),
+ * which fills it from the page cache as before. A slot's pages were touched
+ * before, where an arena's fresh pages cost a first access each (about 10
+ * us on a guest with shadow page tables: most of a repacked miss).
+ * An evicted arena slice reads as zeros, not as the file's bytes, so a
+ * context computing while another context's call evicts its experts would
+ * compute wrong weights: the caller must not use arenas with concurrent
+ * contexts (set_shared).
  */
 enum guanaco_residency_load {
     GUANACO_RESIDENCY_LOAD_PAGE_CACHE = 0,

@@ -1862,7 +1862,7 @@ static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
     struct arena_model a;
     arenas_create(&a, m);
     const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
-    /* DIRECT cannot fill an arena: asked for, it falls back */
+    /* without fixed slots DIRECT cannot fill an arena: asked for, it falls back (test_arena_slots has them) */
     struct guanaco_residency_config config = config_of(&a.m, all * 3 / 10, 0, GUANACO_POLICY_LAYER_LRU, io);
     config.load = GUANACO_RESIDENCY_LOAD_DIRECT;
     config.prefetch_bytes = all * 3 / 20;
@@ -1920,6 +1920,90 @@ static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
         CHECK(st.bytes_read == 0 && st.hits == st.accesses && st.transformed_bytes == adopted * EXPERT_BYTES);
         guanaco_residency_destroy(r);
     }
+    arenas_destroy(&a);
+}
+
+/*
+ * Fixed slots with arena tensors (repacked experts, DIRECT loading): each
+ * expert is read whole into a slot and transformed where it lies, so the
+ * transform must not read what it has already written (reverse_transform
+ * would). MUL_MAT_ID finds it by the arena's address, which is what ggml
+ * holds as the tensor's data, settling a deferred call's expert as it asks.
+ * The arena itself is never touched: none of its pages is ever in RAM.
+ */
+static void test_arena_slots(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    struct arena_model a;
+    arenas_create(&a, m);
+    const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
+    struct guanaco_residency_config config = config_of(&a.m, all * 3 / 10, 0, GUANACO_POLICY_LAYER_LRU, io);
+    config.prefetch_bytes = all * 3 / 20;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        arenas_destroy(&a);
+        return;
+    }
+    unsigned char *expected = malloc(150000);
+    int failures = 0;
+    bool found = true, equal = true;
+    for (uint32_t token = 0; token < 12; token++) {
+        for (uint32_t l = 0; l < m->n_layer; l++) {
+            if (!is_moe(m, l)) {
+                continue;
+            }
+            int32_t ids[8];
+            for (size_t i = 0; i < 8; i++) {
+                ids[i] = (int32_t)(next_random() % (i < 4 ? 6 : N_EXPERT)); /* a hot set and the rest */
+            }
+            failures += prepare(m, r, l, ids, 8, token) != 0;
+            for (size_t i = 0; i < 8; i++) {
+                for (uint32_t t = 0; t < m->tensors_in_layer[l]; t++) {
+                    const void *slice = NULL;
+                    found = found && guanaco_residency_expert_data(r, a.arena[l][t], (uint32_t)ids[i], true, &slice) &&
+                            slice;
+                    (void)reverse_transform((void *)(uintptr_t)&stride_of_tensor[t], (uint32_t)ids[i],
+                                            expected_content + slice_begin(m, l, t, (uint32_t)ids[i]), expected);
+                    equal = equal && slice && memcmp(slice, expected, stride_of_tensor[t]) == 0;
+                }
+            }
+            uint32_t following = l + 1 == DENSE_LAYER ? l + 2 : l + 1, next[4];
+            for (size_t i = 0; i < 4; i++) {
+                next[i] = (uint32_t)(next_random() % N_EXPERT);
+            }
+            if (following < m->n_layer) {
+                failures += guanaco_residency_prefetch(r, following, next, 4, 4, l, token) != 0;
+            }
+        }
+        failures += guanaco_residency_finish(r) != 0;
+    }
+    CHECK(failures == 0);
+    CHECK(found);
+    CHECK(equal);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.load == GUANACO_RESIDENCY_LOAD_DIRECT && st.fixed_slots && st.evictions > 0 &&
+          st.prefetch_used_experts > 0);
+    CHECK(st.transformed_bytes == st.expert_loads * EXPERT_BYTES); /* every load, claimed read-ahead too */
+    size_t arena_pages = 0;
+    unsigned char *vector = malloc(page_up(150000ull * N_EXPERT) / P);
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        for (uint32_t t = 0; t < m->tensors_in_layer[l]; t++) {
+            CHECK(mincore(a.arena[l][t], a.length[t], vector) == 0);
+            for (uint64_t p = 0; p < a.length[t] / P; p++) {
+                arena_pages += vector[p] & 1;
+            }
+        }
+    }
+    CHECK(arena_pages == 0);
+    uint64_t audited = 0;
+    CHECK(guanaco_residency_audit(r, &audited) == 0);
+    CHECK(audited >= st.resident_bytes);
+    printf("  repacked experts in slots: %llu loads transformed in their slots (%.1f ms), %zu arena pages in RAM\n",
+           (unsigned long long)st.expert_loads, (double)st.transform_ns / 1e6, arena_pages);
+    free(vector);
+    free(expected);
+    guanaco_residency_destroy(r);
     arenas_destroy(&a);
 }
 
@@ -2278,6 +2362,7 @@ int main(void) {
             test_graph_overlap(&m, io);
             test_deferred_hits_stay(&m, io);
             test_slots_shared(&m, io);
+            test_arena_slots(&m, io);
             fixed_slots = false;
         }
         overlap_layer = false;
