@@ -638,9 +638,10 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         r->mapped = mapping_base[e->shard] + e->file_offset;
         r->file_size = m->shard_sizes[e->shard];
         struct ggml_tensor *tensor = engine->expert_tensors[i];
-        /* auto: only when nothing is read after the preload. Repacking a miss costs 0.4 ms per MB in the stall
-           (measured: Q4_0 2.3 GB/s, first touch of the arena included), where the repacked kernels saved 3 ms
-           of a 72 ms token at a 25% budget (README, --guanaco-repack) */
+        /* auto: only when nothing is read after the preload. Repacked experts serve one context at a time, so
+           under a budget they are asked for (on): into fixed slots a miss's repack costs about 0.2 ms per MB
+           and pays on this guest (8-layer Q4_0 at 25%: compute 1.09x warm default against 1.35x, prompts 1.88x,
+           decode 0.95x; bench/COMPUTE_PARITY.md), into the arena 0.4-3 ms per MB, which did not */
         if (engine->repack && tensor && (o->repack == GUANACO_REPACK_ON || everything_fits)) {
             if ((err = guanaco_expert_repack_adopt(engine->repack, engine->expert_tensors[i], &r->arena)) < 0) {
                 return err;
