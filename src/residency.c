@@ -1924,6 +1924,14 @@ static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, b
 
 static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t e, bool reading_counts);
 
+/* The room the policy keeps beside its resident set for read-ahead in flight. A streamed run is left out: its
+   call uses its pages once and drops them, like the streamed call's own reads, which take no room either. Made
+   room for, a prompt's read-ahead evicted up to a layer of what decoding keeps, and decode read it all again
+   (own routing at 25%: pilot 0.90 of none; bench/PIPELINE.md). */
+static uint64_t read_ahead_reserve(const struct guanaco_residency *r) {
+    return r->prefetch_outstanding - r->stream_outstanding;
+}
+
 /*
  * Waits for every read-ahead piece the run issued, so that the drop which
  * follows finds no page still reading. A WILLNEED returns once its reads are
@@ -1936,14 +1944,6 @@ static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t 
  * the issued ones waits for their reads. A request that failed may have been
  * issued too; mapping it at worst reads what the drop then drops.
  */
-/* The room the policy keeps beside its resident set for read-ahead in flight. A streamed run is left out: its
-   call uses its pages once and drops them, like the streamed call's own reads, which take no room either. Made
-   room for, a prompt's read-ahead evicted up to a layer of what decoding keeps, and decode read it all again
-   (own routing at 25%: pilot 0.90 of none; bench/PIPELINE.md). */
-static uint64_t read_ahead_reserve(const struct guanaco_residency *r) {
-    return r->prefetch_outstanding - r->stream_outstanding;
-}
-
 static void settle_issued(struct guanaco_residency *r, const struct prefetch_run *run) {
     for (size_t q = 0; q < run->n_requests; q++) {
         const struct guanaco_io_request *req = &run->requests[q];
