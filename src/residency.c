@@ -28,6 +28,7 @@
 #include "budget.h"
 #include "log.h"
 #include "monotonic_clock.h"
+#include "slot_pool.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +60,8 @@
 #endif
 /* Pages per edge read slot: a slice with no whole page inside spans at most two. */
 #define EDGE_SLOT_PAGES 2
+/* fixed_slots' chunks (slot_pool.h): 32 huge pages, so that a budget of gigabytes takes tens of mappings */
+#define SLOT_CHUNK_BYTES (64ull << 20)
 /* Most bytes one read-ahead run spans in one tensor (it is cut into GUANACO_IO_ADVISE_BYTES requests). */
 #define PREFETCH_SPAN_BYTES (8u << 20)
 /* The same for a streamed layer's read-ahead: its runs are cut into 2 MiB-aligned pieces for the huge
@@ -189,6 +192,7 @@ struct guanaco_residency {
        tensor) the copy's first byte (file byte page_down(slice start)), NULL where the slice computes from the
        mapping. Read without the lock by guanaco_residency_expert_data. */
     bool slots;
+    struct guanaco_slot_pool slot_pool; /* where slots come from while one context computes */
     _Atomic(char *) *slot_copy; /* n_layer * n_expert * max_tensors_in_layer */
     uint32_t *tensors_by_address; /* n_tensors: indices into tensors, by mapped address (tensor_at) */
     /* Copies evicted while several contexts computed: the file is mapped over them, so that a context still
@@ -465,6 +469,7 @@ static int choose_load(struct guanaco_residency *r, const struct guanaco_residen
             r->tensors_by_address[j] = i;
         }
         r->slots = true;
+        guanaco_slot_pool_init(&r->slot_pool, SLOT_CHUNK_BYTES);
     }
     return 0;
 }
@@ -544,7 +549,7 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     /* the slots, while the tables that size them are here */
     for (size_t i = 0; r->slot_copy && i < (size_t)r->n_layer * r->n_expert * r->max_tensors_in_layer; i++) {
         char *copy = atomic_load(&r->slot_copy[i]);
-        if (copy) {
+        if (copy && !guanaco_slot_pool_owns(&r->slot_pool, copy)) { /* the pool's go with it */
             munmap(copy, slot_length(r, tensor_of_slot(r, i)));
         }
     }
@@ -585,6 +590,7 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->evicted_at);
     free(r->staging); /* load_experts never leaves a buffer in it */
     free_spares(r);
+    guanaco_slot_pool_destroy(&r->slot_pool); /* after everything that gives slots back */
     free(r->edge_scratch);
     free(r->transform_source);
     free(r->seen_call);
@@ -1070,6 +1076,20 @@ static int drop_range(struct guanaco_residency *r, const struct tensor *t, uint6
  * this VM, 1.1 ms per MB with the host's faults); a spare's are there already, and compute finds them warm
  * too. The next call's reads take them (best fit, the excess unmapped); beyond spare_limit they are freed.
  */
+/* Gives an anonymous copy's memory back: to the slot pool where it came from there (with `remapped`, the file
+   was mapped over it since), else to the kernel. */
+static void free_copy(struct guanaco_residency *r, char *at, uint64_t length, bool remapped) {
+    if (!r->slots || !guanaco_slot_pool_owns(&r->slot_pool, at)) {
+        munmap(at, length);
+        return;
+    }
+    int err = guanaco_slot_pool_give(&r->slot_pool, at, length, remapped);
+    if (err) {
+        guanaco_log_error("residency: giving a slot of %llu bytes back: %s; its memory stays until the end",
+                          (unsigned long long)length, strerror(-err));
+    }
+}
+
 static char *take_spare(struct guanaco_residency *r, uint64_t length) {
     size_t best = r->n_spares;
     for (size_t i = 0; i < r->n_spares; i++) {
@@ -1084,7 +1104,7 @@ static char *take_spare(struct guanaco_residency *r, uint64_t length) {
     r->spares[best] = r->spares[--r->n_spares];
     r->spare_bytes -= spare.length;
     if (spare.length > length) {
-        munmap(spare.at + length, spare.length - length);
+        free_copy(r, spare.at + length, spare.length - length, false);
     }
     r->stats.spare_reused_bytes += length;
     return spare.at; /* writable since keep_spare */
@@ -1155,7 +1175,7 @@ static void discard_copies(struct guanaco_residency *r, const struct layer *l, u
             if (!r->shared && spare_room(r, length)) {
                 add_spare(r, staging[k], length);
             } else {
-                munmap(staging[k], length);
+                free_copy(r, staging[k], length, false);
             }
             staging[k] = NULL;
         }
@@ -1164,7 +1184,7 @@ static void discard_copies(struct guanaco_residency *r, const struct layer *l, u
 
 static void unmap_spares(struct guanaco_residency *r) {
     for (size_t i = 0; i < r->n_spares; i++) {
-        munmap(r->spares[i].at, r->spares[i].length);
+        free_copy(r, r->spares[i].at, r->spares[i].length, false);
     }
     r->n_spares = 0;
     r->spare_bytes = 0;
@@ -1238,7 +1258,7 @@ static int drop_arena_slice(struct guanaco_residency *r, uint32_t layer, const s
    matmuls, can no one be computing from them. */
 static void unmap_retired(struct guanaco_residency *r) {
     for (size_t i = 0; i < r->n_retired; i++) {
-        munmap(r->retired[i].at, r->retired[i].length);
+        free_copy(r, r->retired[i].at, r->retired[i].length, true);
     }
     r->n_retired = 0;
 }
@@ -1254,7 +1274,7 @@ static void release_slot(struct guanaco_residency *r, const struct tensor *t, ui
         if (spare_room(r, length)) {
             add_spare(r, copy, length);
         } else {
-            munmap(copy, length);
+            free_copy(r, copy, length, false);
         }
         return;
     }
@@ -1585,8 +1605,14 @@ static long direct_chunks(const struct tensor *t, uint64_t from, uint64_t to, ch
 static long slot_requests(struct guanaco_residency *r, const struct tensor *t, uint64_t a, char **staging,
                           struct guanaco_io_request *out) {
     uint64_t length = slot_length(r, t), b = a + t->stride, start = page_down(r, a);
-    char *slot = copy_buffer(r, length);
-    if (slot == MAP_FAILED) {
+    char *slot = take_spare(r, length);
+    if (!slot && !r->shared) {
+        slot = guanaco_slot_pool_take(&r->slot_pool, length);
+    } else if (!slot) { /* place_slot moves its pages into the mapping: not the pool's to give */
+        slot = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        slot = slot == MAP_FAILED ? NULL : slot;
+    }
+    if (!slot) {
         return -errno;
     }
     *staging = slot;
@@ -1731,6 +1757,17 @@ static int place_slot(struct guanaco_residency *r, const struct tensor *t, uint3
     if (t->arena) {
         guanaco_log_error("residency: repacked experts serve one context at a time");
         return -EBUSY;
+    }
+    if (guanaco_slot_pool_owns(&r->slot_pool, slot)) {
+        /* read ahead while one context computed: its pages leave for the mapping below, and the pool's range
+           must not, so they move through a copy */
+        char *moved = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (moved == MAP_FAILED) {
+            return -errno; /* the caller discards the slot with the copies it did not place */
+        }
+        memcpy(moved, slot, length);
+        free_copy(r, slot, length, false);
+        slot = *staging = moved;
     }
     uint64_t head = page_up(r, a) - page_down(r, a), inner = page_up(r, a) < page_down(r, b) ? page_down(r, b) - page_up(r, a) : 0;
     if (inner) {
@@ -2954,6 +2991,9 @@ void guanaco_residency_set_shared(struct guanaco_residency *r, bool shared) {
     pthread_mutex_lock(&r->lock);
     (void)finish_deferred(r, true); /* its reads' failures were logged; a new context starts before the next call */
     r->shared = shared;
+    if (shared) {
+        unmap_spares(r); /* place_slot moves a spare's pages into the mapping, which a pool's slot cannot lend */
+    }
     pthread_mutex_unlock(&r->lock);
 }
 

@@ -12,6 +12,7 @@
 #include "manifest.h"
 #include "policy.h"
 #include "predictor.h"
+#include "slot_pool.h"
 
 #include "gguf.h"
 
@@ -23,6 +24,7 @@
 #include "check.h"
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "capture.h"
@@ -528,11 +530,111 @@ static void test_budget(void) {
     CHECK(guanaco_preload_count(1, 0, 8, 0) == 0);
 }
 
+/* The VmFlags line of the mapping holding `at` in /proc/self/smaps, or "" where none does. */
+static void vm_flags_of(const void *at, char *flags, size_t size) {
+    flags[0] = '\0';
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) {
+        return;
+    }
+    char line[512];
+    bool inside = false;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long long a, b;
+        if (sscanf(line, "%llx-%llx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = (uintptr_t)at >= a && (uintptr_t)at < b;
+        } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            snprintf(flags, size, "%s", line);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static bool transparent_huge_pages_available(void) {
+    char mode[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        if (!fgets(mode, sizeof(mode), f)) {
+            mode[0] = '\0';
+        }
+        fclose(f);
+    }
+    return mode[0] && !strstr(mode, "[never]");
+}
+
+/* slot_pool: slots carved from 2 MiB-aligned chunks advised for huge pages; a slot given back is taken again
+   (empty) before anything new is carved, so churn never adds chunks. */
+static void test_slot_pool(void) {
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), huge = 2ull << 20, slot = 3 * page + page;
+    struct guanaco_slot_pool pool;
+    guanaco_slot_pool_init(&pool, 3 * huge - 1); /* rounded up to 3 huge pages */
+    CHECK(pool.chunk_bytes == 3 * huge && pool.n_chunks == 0);
+    char *first = guanaco_slot_pool_take(&pool, slot);
+    CHECK(first && (uintptr_t)first % huge == 0 && pool.n_chunks == 1);
+    if (!first) {
+        guanaco_slot_pool_destroy(&pool);
+        return;
+    }
+    char *second = guanaco_slot_pool_take(&pool, slot);
+    CHECK(second == first + slot); /* neighbours share huge pages */
+    memset(first, 0xab, slot);
+    memset(second, 0xcd, slot);
+    CHECK(guanaco_slot_pool_owns(&pool, first) && guanaco_slot_pool_owns(&pool, second + slot - 1));
+    int on_stack = 0;
+    CHECK(!guanaco_slot_pool_owns(&pool, &on_stack) && !guanaco_slot_pool_owns(&pool, first + pool.chunk_bytes));
+    char flags[512];
+    vm_flags_of(first, flags, sizeof(flags));
+    if (transparent_huge_pages_available()) {
+        CHECK(pool.huge && strstr(flags, " hg"));
+    } else {
+        printf("  (transparent huge pages are off here: the pool's chunks serve in small pages)\n");
+    }
+    /* given back: its memory goes (the next taker finds zeros), its range is the next slot of its size */
+    CHECK(guanaco_slot_pool_give(&pool, first, slot, false) == 0);
+    char *again = guanaco_slot_pool_take(&pool, slot);
+    CHECK(again == first && again[0] == 0 && again[slot - 1] == 0 && second[0] == (char)0xcd);
+    /* a shorter slot takes part of a given-back range; the rest stays for the next */
+    CHECK(guanaco_slot_pool_give(&pool, second, slot, false) == 0);
+    char *part = guanaco_slot_pool_take(&pool, 2 * page), *rest = guanaco_slot_pool_take(&pool, 2 * page);
+    CHECK(part == second && rest == second + 2 * page);
+    /* a range some other mapping replaced (the file mapped over an evicted copy) comes back writable */
+    CHECK(mmap(rest, 2 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == rest);
+    CHECK(guanaco_slot_pool_give(&pool, rest, 2 * page, true) == 0);
+    char *rewritten = guanaco_slot_pool_take(&pool, 2 * page);
+    CHECK(rewritten == rest);
+    if (rewritten == rest) {
+        rest[0] = 1; /* faults (SIGSEGV) if the range stayed read-only */
+        CHECK(rest[0] == 1);
+    }
+    /* churn: take and give back far more than a chunk holds; the chunks stay as many as the most held at once */
+    for (int i = 0; i < 1000; i++) {
+        char *churn = guanaco_slot_pool_take(&pool, slot);
+        CHECK(churn != NULL);
+        if (churn) {
+            churn[0] = (char)i;
+            CHECK(guanaco_slot_pool_give(&pool, churn, slot, false) == 0);
+        }
+    }
+    CHECK(pool.n_chunks == 1);
+    /* a slot larger than a chunk gets a chunk of its own */
+    char *large = guanaco_slot_pool_take(&pool, 4 * huge + page);
+    CHECK(large && (uintptr_t)large % huge == 0 && pool.n_chunks == 2 && guanaco_slot_pool_owns(&pool, large + 4 * huge));
+    if (large) {
+        memset(large, 1, 4 * huge + page);
+    }
+    guanaco_slot_pool_destroy(&pool);
+    CHECK(pool.n_chunks == 0 && !guanaco_slot_pool_owns(&pool, first));
+    printf("slot pool: 2 MiB-aligned chunks%s, given-back slots taken again, no chunk added by churn\n",
+           transparent_huge_pages_available() ? " advised for huge pages" : "");
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "/tmp";
     test_expert_names();
     test_options();
     test_budget();
+    test_slot_pool();
     test_manifest(dir);
     test_manifest_keys(dir);
     test_engine_and_hook(dir);

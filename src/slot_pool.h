@@ -1,0 +1,68 @@
+/*
+ * slot_pool.h - owns the anonymous memory that fixed slots are carved from.
+ *
+ * MUL_MAT_ID computes a resident expert from its slot, so the slot's page
+ * size is the page size of the hottest weights of the model. A slot mapped
+ * on its own gets 4 KiB pages, while plain llama.cpp computes from a warm page
+ * cache that the kernel maps in 2 MiB folios where it can. On this project's
+ * VMs (shadow page tables, where a TLB miss is dear) that difference measured
+ * 1.47x between two warm plain runs of one decode (bench/PIPELINE.md), and
+ * every expert in a slot decoded at 0.62x plain on the 48-layer Q4_0 model.
+ * So slots are carved from chunks that are 2 MiB aligned and advised
+ * MADV_HUGEPAGE; a slot straddles huge pages freely, its neighbours share them.
+ *
+ * A slot given back keeps its address range in the pool, empty (MADV_DONTNEED
+ * returns its memory to the kernel), and the next slot of a length it fits
+ * takes it first: a long run's churn never grows the number of mappings, and
+ * the chunks stay as large as the most slots ever held at once. Given back,
+ * the part of a huge page a slot used is split into small pages by the kernel;
+ * a run that evicts nothing (everything resident) keeps every huge page.
+ *
+ * Ownership: the pool owns its chunks and unmaps them in destroy; a caller
+ * holds a slot from take to give, and never unmaps one itself (owns() says
+ * whether an address came from here). Not thread-safe: the residency calls it
+ * under its lock.
+ */
+#ifndef GUANACO_SLOT_POOL_H
+#define GUANACO_SLOT_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct guanaco_slot_range {
+    char *at;
+    uint64_t length;
+};
+
+struct guanaco_slot_pool {
+    uint64_t chunk_bytes;             /* each new chunk's size, a multiple of 2 MiB (or the slot, if larger) */
+    struct guanaco_slot_range *chunks; /* sorted by address, for owns() */
+    size_t n_chunks, chunk_capacity;
+    struct guanaco_slot_range *empty; /* given-back ranges, to be taken before carving */
+    size_t n_empty, empty_capacity;
+    char *next, *end;                 /* the newest chunk's uncarved part */
+    bool huge;                        /* the kernel took MADV_HUGEPAGE on every chunk so far */
+};
+
+/* An empty pool whose chunks are chunk_bytes (rounded up to 2 MiB); nothing is mapped until the first take. */
+void guanaco_slot_pool_init(struct guanaco_slot_pool *pool, uint64_t chunk_bytes);
+
+/* A writable slot of `length` bytes (a multiple of the page size), page aligned: a given-back range that fits
+   (best fit; its rest stays empty), else carved; NULL with errno set (ENOMEM) when neither. Its pages are
+   faulted in by whatever first writes them. */
+char *guanaco_slot_pool_take(struct guanaco_slot_pool *pool, uint64_t length);
+
+/* Whether `at` lies in one of the pool's chunks. */
+bool guanaco_slot_pool_owns(const struct guanaco_slot_pool *pool, const void *at);
+
+/* Returns [at, at + length), taken from this pool, to it: its memory goes back to the kernel. With `remap`
+   the range holds some other mapping now (a file mapped over an evicted copy), and fresh anonymous memory,
+   advised as the chunk was, replaces it first. 0, or -errno where the range could not be emptied; it is then
+   left out of the pool (its memory stays until destroy). */
+int guanaco_slot_pool_give(struct guanaco_slot_pool *pool, char *at, uint64_t length, bool remap);
+
+/* Unmaps every chunk, slots still taken included. */
+void guanaco_slot_pool_destroy(struct guanaco_slot_pool *pool);
+
+#endif
