@@ -287,7 +287,8 @@ done
         if [ "$ram_pmdn" != 0 ]; then
             echo "The warm runs mapped $(fmt 1e9 2 "$ram_pmd_lo")-$(fmt 1e9 2 "$ram_pmd_hi") GB of the model in 2 MiB pages at their peak"
             echo "(FilePmdMapped$([ -f "$MODEL" ] && echo ", of $(fmt 1e9 2 "$(stat -L -c %s "$MODEL")") GB")). Recorded because two warm runs of the same decode"
-            echo "differed 1.47x with 16 and 0.28 GB so mapped (bench/PIPELINE.md); Guanaco's resident experts are mapped in 4 KiB pages."
+            echo "differed 1.47x with 16 and 0.28 GB so mapped (bench/PIPELINE.md); Guanaco's fixed slots (direct loading) are advised for"
+            echo "2 MiB pages (src/slot_pool.h)."
         fi
         echo
     fi

@@ -638,10 +638,10 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         r->mapped = mapping_base[e->shard] + e->file_offset;
         r->file_size = m->shard_sizes[e->shard];
         struct ggml_tensor *tensor = engine->expert_tensors[i];
-        /* auto: only when nothing is read after the preload. Repacked experts serve one context at a time, so
-           under a budget they are asked for (on): into fixed slots a miss's repack costs about 0.2 ms per MB
-           and pays on this guest (8-layer Q4_0 at 25%: compute 1.09x warm default against 1.35x, prompts 1.88x,
-           decode 0.95x; bench/COMPUTE_PARITY.md), into the arena 0.4-3 ms per MB, which did not */
+        /* auto: only when nothing is read after the preload. Under a budget a miss's repack sits in the stall:
+           into fixed slots compute outside it is at warm default (8-layer at 25%: 1.04x Q4_0, 1.01x Q4_K against
+           1.33x and 1.19x), prompts gain (1.22x, 1.07x), but decode loses (0.91x Q4_0, 0.72x Q4_K: the repack
+           costs 0.16 and 0.47 CPU-s per GB read; bench/COMPUTE_PARITY.md), so it is asked for (on) */
         if (engine->repack && tensor && (o->repack == GUANACO_REPACK_ON || everything_fits)) {
             if ((err = guanaco_expert_repack_adopt(engine->repack, engine->expert_tensors[i], &r->arena)) < 0) {
                 return err;

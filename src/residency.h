@@ -102,7 +102,10 @@
  * for its address. Loading and evicting then change no page table: the
  * placing and restoring above cost 2 us per page on a guest whose hypervisor
  * keeps shadow page tables (bench/PIPELINE.md, Dec 4), most of the decode
- * stall. An evicted slot is a spare for the next read.
+ * stall. An evicted slot is a spare for the next read. Slots are carved
+ * from 2 MiB-aligned chunks advised MADV_HUGEPAGE (slot_pool.h): a fresh
+ * slot then costs a fault per 2 MiB instead of per page. One given back
+ * beyond the spares returns its memory and keeps its range for the next slot.
  *
  * A tensor with an arena (guanaco_residency_tensor.arena) computes from the
  * arena, not from the mapping. Its slices are read as in PAGE_CACHE, then

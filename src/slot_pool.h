@@ -1,13 +1,15 @@
 /*
  * slot_pool.h - owns the anonymous memory that fixed slots are carved from.
  *
- * MUL_MAT_ID computes a resident expert from its slot, so the slot's page
- * size is the page size of the hottest weights of the model. A slot mapped
- * on its own gets 4 KiB pages, while plain llama.cpp computes from a warm page
- * cache that the kernel maps in 2 MiB folios where it can. On this project's
- * VMs (shadow page tables, where a TLB miss is dear) that difference measured
- * 1.47x between two warm plain runs of one decode (bench/PIPELINE.md), and
- * every expert in a slot decoded at 0.62x plain on the 48-layer Q4_0 model.
+ * Every read of a miss lands in a slot, and a fresh slot's pages are
+ * allocated and zeroed by the kernel on the read's first touch: one fault per
+ * 4 KiB page, which on this project's VMs (a hypervisor with shadow page
+ * tables) costs microseconds each. In 2 MiB pages that is 512 times fewer
+ * faults: filling every slot of the 8-layer Q4_0 model (2.54 GiB, preload,
+ * repacked) took 3.2-3.6 s against 4.9-5.4 s with the same chunks in small
+ * pages (THP "never"; 4 alternating rounds, bench/COMPUTE_PARITY.md). Compute
+ * from the slots measured the same in either page size (decode medians 63.7
+ * and 65.0 tok/s, 6 rounds), as bench/PIPELINE.md found for anonymous memory.
  * So slots are carved from chunks that are 2 MiB aligned and advised
  * MADV_HUGEPAGE; a slot straddles huge pages freely, its neighbours share them.
  *
