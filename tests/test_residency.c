@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "huge_pages.h"
 
 #define N_LAYER 7
 #define DENSE_LAYER 3
@@ -2253,36 +2254,6 @@ static void test_threads(const struct model *m, enum guanaco_io_backend io) {
  * into the mapping, where every context finds them. With one context left, slots serve again.
  */
 
-/* Whether the mapping holding `at` is advised MADV_HUGEPAGE (VmFlags "hg"), and *available whether the kernel
-   has transparent huge pages at all. */
-static bool in_huge_advised_mapping(const void *at, bool *available) {
-    char mode[128] = "";
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (f) {
-        if (!fgets(mode, sizeof(mode), f)) {
-            mode[0] = '\0';
-        }
-        fclose(f);
-    }
-    *available = mode[0] && !strstr(mode, "[never]");
-    if (!(f = fopen("/proc/self/smaps", "r"))) {
-        return false;
-    }
-    char line[4096];
-    bool inside = false, advised = false;
-    while (fgets(line, sizeof(line), f)) {
-        unsigned long long a, b;
-        char perms[8];
-        if (sscanf(line, "%llx-%llx %7s ", &a, &b, perms) == 3) {
-            inside = (uintptr_t)at >= a && (uintptr_t)at < b;
-        } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
-            advised = strstr(line, " hg") != NULL;
-            break;
-        }
-    }
-    fclose(f);
-    return advised;
-}
 
 static void test_slots_shared(const struct model *m, enum guanaco_io_backend io) {
     drop_whole_file(m);
@@ -2319,8 +2290,7 @@ static void test_slots_shared(const struct model *m, enum guanaco_io_backend io)
     a = slice_begin(m, 2, 0, 9);
     CHECK(slot && memcmp(slot, expected_content + a, stride_of_tensor[0]) == 0);
     /* read with one context: from the slot pool, whose chunks are advised for huge pages */
-    bool huge_available = false;
-    CHECK(in_huge_advised_mapping(slot, &huge_available) || !huge_available);
+    CHECK(mapping_advised_huge(slot) || !transparent_huge_pages_available());
     struct guanaco_residency_stats st;
     guanaco_residency_get_stats(r, &st);
     CHECK(st.fixed_slots && st.resident_bytes <= budget);

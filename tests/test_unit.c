@@ -22,6 +22,7 @@
 #include <stdio.h>
 
 #include "check.h"
+#include "huge_pages.h"
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -530,39 +531,6 @@ static void test_budget(void) {
     CHECK(guanaco_preload_count(1, 0, 8, 0) == 0);
 }
 
-/* The VmFlags line of the mapping holding `at` in /proc/self/smaps, or "" where none does. */
-static void vm_flags_of(const void *at, char *flags, size_t size) {
-    flags[0] = '\0';
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) {
-        return;
-    }
-    char line[512];
-    bool inside = false;
-    while (fgets(line, sizeof(line), f)) {
-        unsigned long long a, b;
-        if (sscanf(line, "%llx-%llx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
-            inside = (uintptr_t)at >= a && (uintptr_t)at < b;
-        } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
-            snprintf(flags, size, "%s", line);
-            break;
-        }
-    }
-    fclose(f);
-}
-
-static bool transparent_huge_pages_available(void) {
-    char mode[128] = "";
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (f) {
-        if (!fgets(mode, sizeof(mode), f)) {
-            mode[0] = '\0';
-        }
-        fclose(f);
-    }
-    return mode[0] && !strstr(mode, "[never]");
-}
-
 /* slot_pool: slots carved from 2 MiB-aligned chunks advised for huge pages; a slot given back is taken again
    (empty) before anything new is carved, so churn never adds chunks. */
 static void test_slot_pool(void) {
@@ -583,10 +551,8 @@ static void test_slot_pool(void) {
     CHECK(guanaco_slot_pool_owns(&pool, first) && guanaco_slot_pool_owns(&pool, second + slot - 1));
     int on_stack = 0;
     CHECK(!guanaco_slot_pool_owns(&pool, &on_stack) && !guanaco_slot_pool_owns(&pool, first + pool.chunk_bytes));
-    char flags[512];
-    vm_flags_of(first, flags, sizeof(flags));
     if (transparent_huge_pages_available()) {
-        CHECK(pool.huge && strstr(flags, " hg"));
+        CHECK(pool.huge && mapping_advised_huge(first));
     } else {
         printf("  (transparent huge pages are off here: the pool's chunks serve in small pages)\n");
     }
