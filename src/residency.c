@@ -1579,9 +1579,15 @@ static size_t page_cache_requests(struct guanaco_residency *r, const struct laye
     return n_requests;
 }
 
-/* An evicted copy's pages of at least `length` bytes (take_spare), else fresh ones; MAP_FAILED when neither. */
+/* An evicted copy's pages of at least `length` bytes (take_spare), else fresh ones: a slot from the pool while one
+   context computes, else a mapping of its own (with several, place_slot moves its pages into the file mapping, which
+   a pool's range must not lend). MAP_FAILED with errno when none. */
 static char *copy_buffer(struct guanaco_residency *r, uint64_t length) {
     char *buffer = take_spare(r, length);
+    if (!buffer && r->slots && !r->shared) {
+        buffer = guanaco_slot_pool_take(&r->slot_pool, length);
+        return buffer ? buffer : MAP_FAILED;
+    }
     return buffer ? buffer : mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 }
 
@@ -1605,14 +1611,8 @@ static long direct_chunks(const struct tensor *t, uint64_t from, uint64_t to, ch
 static long slot_requests(struct guanaco_residency *r, const struct tensor *t, uint64_t a, char **staging,
                           struct guanaco_io_request *out) {
     uint64_t length = slot_length(r, t), b = a + t->stride, start = page_down(r, a);
-    char *slot = take_spare(r, length);
-    if (!slot && !r->shared) {
-        slot = guanaco_slot_pool_take(&r->slot_pool, length);
-    } else if (!slot) { /* place_slot moves its pages into the mapping: not the pool's to give */
-        slot = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        slot = slot == MAP_FAILED ? NULL : slot;
-    }
-    if (!slot) {
+    char *slot = copy_buffer(r, length);
+    if (slot == MAP_FAILED) {
         return -errno;
     }
     *staging = slot;

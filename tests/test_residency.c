@@ -1858,21 +1858,35 @@ static void verify_arenas(const struct arena_model *a, struct guanaco_residency 
     free(cached);
 }
 
-static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
+/* The arena model of m, dropped from the page cache, and a residency over it (*config) at 30% with read-ahead up to
+   15% (the load as config_of gives it unless `direct`); false, with nothing left to free, where create fails. */
+static bool create_arena_residency(const struct model *m, enum guanaco_io_backend io, bool direct, struct arena_model *a,
+                                   struct guanaco_residency_config *config, struct guanaco_residency **r) {
     drop_whole_file(m);
-    struct arena_model a;
-    arenas_create(&a, m);
+    arenas_create(a, m);
     const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
+    *config = config_of(&a->m, all * 3 / 10, 0, GUANACO_POLICY_LAYER_LRU, io);
+    if (direct) {
+        config->load = GUANACO_RESIDENCY_LOAD_DIRECT;
+    }
+    config->prefetch_bytes = all * 3 / 20;
+    *r = NULL;
+    CHECK(guanaco_residency_create(config, r) == 0);
+    if (!*r) {
+        arenas_destroy(a);
+    }
+    return *r != NULL;
+}
+
+static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
+    struct arena_model a;
+    struct guanaco_residency_config config;
+    struct guanaco_residency *r;
     /* without fixed slots DIRECT cannot fill an arena: asked for, it falls back (test_arena_slots has them) */
-    struct guanaco_residency_config config = config_of(&a.m, all * 3 / 10, 0, GUANACO_POLICY_LAYER_LRU, io);
-    config.load = GUANACO_RESIDENCY_LOAD_DIRECT;
-    config.prefetch_bytes = all * 3 / 20;
-    struct guanaco_residency *r = NULL;
-    CHECK(guanaco_residency_create(&config, &r) == 0);
-    if (!r) {
-        arenas_destroy(&a);
+    if (!create_arena_residency(m, io, true, &a, &config, &r)) {
         return;
     }
+    const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
     int failures = 0;
     for (uint32_t token = 0; token < 12; token++) {
         for (uint32_t l = 0; l < m->n_layer; l++) {
@@ -1933,16 +1947,10 @@ static void test_arenas(const struct model *m, enum guanaco_io_backend io) {
  * The arena itself is never touched: none of its pages is ever in RAM.
  */
 static void test_arena_slots(const struct model *m, enum guanaco_io_backend io) {
-    drop_whole_file(m);
     struct arena_model a;
-    arenas_create(&a, m);
-    const uint64_t all = EXPERT_BYTES * N_EXPERT * (N_LAYER - 1);
-    struct guanaco_residency_config config = config_of(&a.m, all * 3 / 10, 0, GUANACO_POLICY_LAYER_LRU, io);
-    config.prefetch_bytes = all * 3 / 20;
-    struct guanaco_residency *r = NULL;
-    CHECK(guanaco_residency_create(&config, &r) == 0);
-    if (!r) {
-        arenas_destroy(&a);
+    struct guanaco_residency_config config;
+    struct guanaco_residency *r;
+    if (!create_arena_residency(m, io, false, &a, &config, &r)) {
         return;
     }
     unsigned char *expected = malloc(150000);
