@@ -72,7 +72,7 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      "wait %.1f), %llu evictions, churn %.1f%% "
                      "(reloaded within %u tokens), read-ahead %.1f MiB issued, %.1f used, %.1f wasted, recall %.1f%%, "
                      "hidden %.1f%% of reads, streamed %.1f MiB (%.1f via the huge mapping), loaded %.1f MiB via the huge "
-                     "mapping%s%s",
+                     "mapping, repacked as reads landed %.1f ms/token%s%s",
                      what, (unsigned long long)tokens, percent(hits, accesses), (unsigned long long)accesses,
                      percent(now->pinned_hits - before->pinned_hits, accesses), (unsigned long long)loads, gib(bytes),
                      read_ns ? (double)demand / (double)read_ns : 0.0, per_token(stall_ns, tokens),
@@ -84,7 +84,8 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      percent(named, checked), percent(hidden, demand + used),
                      (double)(now->streamed_bytes - before->streamed_bytes) / 1048576.0,
                      (double)(now->streamed_huge_bytes - before->streamed_huge_bytes) / 1048576.0,
-                     (double)(now->loaded_huge_bytes - before->loaded_huge_bytes) / 1048576.0, spares, tail);
+                     (double)(now->loaded_huge_bytes - before->loaded_huge_bytes) / 1048576.0,
+                     per_token(now->arrival_transform_ns - before->arrival_transform_ns, tokens), spares, tail);
 }
 
 /* Every status_every tokens through the last MoE layer: the interval's line plus a RAM check by mincore. */

@@ -81,6 +81,7 @@ struct guanaco_io {
     pthread_cond_t job_done;   /* some job finished */
     bool sync_ready;
     struct job_queue urgent, normal;
+    struct guanaco_io_job *thens; /* jobs whose last chunk landed and whose `then` no thread has taken yet */
     unsigned normal_in_flight; /* chunks of non-urgent jobs being read */
     bool stopping;
     pthread_t *threads;
@@ -225,12 +226,35 @@ static void queue_remove(struct job_queue *q, struct guanaco_io_job *job) {
     }
 }
 
-/* A job leaves its queue when its cursor runs out, and is done once its last chunk lands. */
+/* A job leaves its queue when its cursor runs out, and is done once its last chunk lands and its `then` ran. */
 static void finish_if_complete(struct guanaco_io *io, struct guanaco_io_job *job) {
-    if (!job->done && !job->queued && job->in_flight == 0) {
+    if (!job->done && !job->then_pending && !job->queued && job->in_flight == 0) {
+        if (job->then) {
+            job->then_pending = 1;
+            job->next_then = io->thens;
+            io->thens = job;
+            pthread_cond_broadcast(&io->job_done); /* a waiter may run it */
+            return;
+        }
         job->done = 1;
         pthread_cond_broadcast(&io->job_done);
     }
+}
+
+/* Runs every pending `then`, each outside the lock (held on entry and on return); false when there was none. */
+static bool run_thens(struct guanaco_io *io) {
+    bool ran = false;
+    while (io->thens) {
+        struct guanaco_io_job *job = io->thens;
+        io->thens = job->next_then;
+        pthread_mutex_unlock(&io->lock);
+        job->then(job, job->then_context);
+        pthread_mutex_lock(&io->lock);
+        job->done = 1;
+        pthread_cond_broadcast(&io->job_done);
+        ran = true;
+    }
+    return ran;
 }
 
 /* Takes the next chunk of `job`; false when it has none left to issue. */
@@ -466,6 +490,9 @@ static void *uring_driver(void *arg) {
             uring_prepare(io, slot);
             in_ring++;
         }
+        if (run_thens(io)) {
+            continue; /* a job that failed before its reads (take_chunk) finished: refill again */
+        }
         if (!wake_armed) {
             uring_arm_wake(io);
             wake_armed = true;
@@ -511,6 +538,7 @@ static void *uring_driver(void *arg) {
             in_ring--;
         }
         io_uring_cq_advance(&io->ring, seen);
+        (void)run_thens(io); /* the ring keeps its chunks in flight meanwhile; the refill follows */
     }
     pthread_mutex_unlock(&io->lock);
     return NULL;
@@ -596,13 +624,16 @@ static void *worker_main(void *arg) {
     while (!io->stopping) {
         struct chunk c;
         if (!take_chunk(io, &c)) {
-            pthread_cond_wait(&io->work_ready, &io->lock);
+            if (!run_thens(io)) {
+                pthread_cond_wait(&io->work_ready, &io->lock);
+            }
             continue;
         }
         pthread_mutex_unlock(&io->lock);
         int state = read_chunk(io, &c);
         pthread_mutex_lock(&io->lock);
         chunk_finished(io, &c, state);
+        (void)run_thens(io);
     }
     pthread_mutex_unlock(&io->lock);
     return NULL;
@@ -710,11 +741,18 @@ void guanaco_io_destroy(struct guanaco_io *io) {
 
 int guanaco_io_submit(struct guanaco_io *io, struct guanaco_io_job *job, struct guanaco_io_request *requests,
                       size_t n, int urgent) {
+    return guanaco_io_submit_then(io, job, requests, n, urgent, NULL, NULL);
+}
+
+int guanaco_io_submit_then(struct guanaco_io *io, struct guanaco_io_job *job, struct guanaco_io_request *requests,
+                           size_t n, int urgent, void (*then)(struct guanaco_io_job *job, void *context),
+                           void *context) {
     if (!job || (n > 0 && !requests)) {
         return -EINVAL;
     }
     pthread_mutex_lock(&io->lock);
-    *job = (struct guanaco_io_job){.requests = requests, .n = n, .checked_fd = -1};
+    *job = (struct guanaco_io_job){
+        .requests = requests, .n = n, .checked_fd = -1, .then = then, .then_context = context};
     if (io->broken) {
         for (size_t i = 0; i < n; i++) {
             requests[i].result = io->broken;
@@ -724,6 +762,11 @@ int guanaco_io_submit(struct guanaco_io *io, struct guanaco_io_job *job, struct 
         enter_next_request(job, false);
     }
     if (job_exhausted(job)) {
+        pthread_mutex_unlock(&io->lock);
+        if (then) {
+            then(job, context);
+        }
+        pthread_mutex_lock(&io->lock);
         job->done = 1; /* nothing to read: empty, or every request refused before any I/O */
         pthread_mutex_unlock(&io->lock);
         return 0;
@@ -750,7 +793,9 @@ int guanaco_io_poll(struct guanaco_io *io, struct guanaco_io_job *job) {
 int guanaco_io_wait(struct guanaco_io *io, struct guanaco_io_job *job) {
     pthread_mutex_lock(&io->lock);
     while (!job->done) {
-        pthread_cond_wait(&io->job_done, &io->lock);
+        if (!run_thens(io)) {
+            pthread_cond_wait(&io->job_done, &io->lock);
+        }
     }
     pthread_mutex_unlock(&io->lock);
     return first_failure(job->requests, job->n);
@@ -761,17 +806,22 @@ uint64_t guanaco_io_cancel(struct guanaco_io *io, struct guanaco_io_job *job) {
     if (job->queued) {
         queue_remove(&io->urgent, job);
         queue_remove(&io->normal, job);
-        /* the request the cursor is inside may be partly issued: it cannot complete now */
+        /* the request the cursor is inside may be partly issued: it cannot complete now; the ones after it were
+           never checked, so their result is still whatever the caller left there */
         for (size_t i = job->next_request; i < job->n; i++) {
-            if (job->requests[i].result == 0 && job->requests[i].length > 0) {
+            if ((i > job->next_request || job->requests[i].result == 0) && job->requests[i].length > 0) {
                 job->requests[i].result = -ECANCELED;
+            } else if (i > job->next_request) {
+                job->requests[i].result = 0; /* empty: nothing to read */
             }
         }
         job->next_request = job->n;
         finish_if_complete(io, job);
     }
     while (!job->done) {
-        pthread_cond_wait(&io->job_done, &io->lock);
+        if (!run_thens(io)) {
+            pthread_cond_wait(&io->job_done, &io->lock);
+        }
     }
     pthread_mutex_unlock(&io->lock);
     uint64_t useful = 0;

@@ -87,6 +87,11 @@ struct guanaco_io_job {
     int done;              /* every chunk issued has completed and none is left to issue */
     int urgent;
     struct guanaco_io_job *next_in_queue;
+    /* guanaco_io_submit_then: run once every request has its result, before the job counts as done */
+    void (*then)(struct guanaco_io_job *job, void *context);
+    void *then_context;
+    int then_pending;      /* its last chunk landed: `then` is waiting for a thread to run it */
+    struct guanaco_io_job *next_then;
 };
 
 /*
@@ -122,6 +127,20 @@ int guanaco_io_read_batch(struct guanaco_io *io, struct guanaco_io_request *requ
  */
 int guanaco_io_submit(struct guanaco_io *io, struct guanaco_io_job *job, struct guanaco_io_request *requests,
                       size_t n, int urgent);
+
+/*
+ * guanaco_io_submit, and `then(job, context)` runs once every request of the
+ * job has its result, before poll or wait says the job is done, outside io's
+ * lock: CPU work on the bytes (the residency engine repacks an expert there)
+ * overlaps the reads of the jobs behind it. It runs on the io thread that
+ * completed the job's last chunk, or on a thread inside wait or cancel (a
+ * job done at submit runs it on the submitter). It must not wait for another
+ * job of this io object, and it may run on several threads at once for
+ * different jobs.
+ */
+int guanaco_io_submit_then(struct guanaco_io *io, struct guanaco_io_job *job, struct guanaco_io_request *requests,
+                           size_t n, int urgent, void (*then)(struct guanaco_io_job *job, void *context),
+                           void *context);
 
 /* 1 when every request of the job has its result, else 0. Never blocks on I/O. */
 int guanaco_io_poll(struct guanaco_io *io, struct guanaco_io_job *job);

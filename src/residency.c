@@ -131,6 +131,13 @@ struct deferred_call { /* in force while guanaco_residency.deferred_active */
     uint64_t transformed_before, wasted_before; /* prepare_locked's, for finish_call */
 };
 
+/* A missing expert's slot of one tensor, repacked by the io thread as its reads landed (repack_arrived). */
+struct slot_arrival {
+    bool repacked;
+    int error; /* the repack's, which may have left the slot half written */
+    uint64_t transform_ns;
+};
+
 /* A deferred call's missing expert: its reads in flight, one thread waiting and mapping it, or mapped. */
 enum expert_state { EXPERT_READING, EXPERT_SETTLING, EXPERT_SETTLED };
 
@@ -251,6 +258,13 @@ struct guanaco_residency {
     struct deferred_call deferred;
     atomic_bool deferred_active;   /* a deferred call is under way; read without the lock by expert_data */
     struct guanaco_io_job *expert_jobs; /* n_expert */
+    /* ... and with repacked experts in fixed slots: the io thread that completes missing expert i's job repacks
+       its slots there (repack_arrived), while the reads behind it land and the matmuls compute what is ready,
+       where the matmul that asked for it used to repack it with the other threads waiting */
+    struct slot_arrival *arrivals; /* n_expert * max_tensors_in_layer, indexed as staging */
+    char *arrival_source;          /* transform_source_bytes: those repacks' scratch */
+    pthread_mutex_t arrival_lock;  /* arrival_source: the threads backend may complete two jobs at once */
+    uint32_t arrival_layer;        /* the layer whose demand jobs are in flight */
     size_t *expert_first_request;       /* n_expert + 1: missing expert i's requests start there in r->requests */
     unsigned char *expert_state;        /* n_expert: enum expert_state of missing expert i */
     pthread_cond_t expert_settled;
@@ -577,8 +591,11 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     guanaco_io_destroy(r->io);
     guanaco_policy_free(r->policy);
     pthread_mutex_destroy(&r->lock);
+    pthread_mutex_destroy(&r->arrival_lock);
     pthread_cond_destroy(&r->expert_settled);
     free(r->expert_jobs);
+    free(r->arrivals);
+    free(r->arrival_source);
     free(r->expert_first_request);
     free(r->expert_state);
     free(r->tensors);
@@ -827,6 +844,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
         return -ENOMEM;
     }
     pthread_mutex_init(&r->lock, NULL);
+    pthread_mutex_init(&r->arrival_lock, NULL);
     pthread_cond_init(&r->expert_settled, NULL);
     r->n_layer = config->n_layer;
     r->n_expert = config->n_expert;
@@ -854,6 +872,11 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
         r->expert_first_request = calloc((size_t)r->n_expert + 1, sizeof(*r->expert_first_request));
         r->expert_state = calloc(r->n_expert, sizeof(*r->expert_state));
         err = r->expert_jobs && r->expert_first_request && r->expert_state ? 0 : -ENOMEM;
+        if (!err && r->slot_copy && r->transform_source) {
+            r->arrivals = calloc((size_t)r->n_expert * r->max_tensors_in_layer, sizeof(*r->arrivals));
+            r->arrival_source = malloc(r->transform_source_bytes);
+            err = r->arrivals && r->arrival_source ? 0 : -ENOMEM;
+        }
     }
     err = err ? err : create_policy(r, config);
     err = err ? err : prefetch_create(r, config);
@@ -1479,7 +1502,15 @@ static int transform_slice(struct guanaco_residency *r, const struct tensor *t, 
  * pages were touched by an earlier copy or by the read, so this is ggml's
  * repack alone, where the arena paid a first touch per page, every time.
  */
-static int transform_in_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char *slice) {
+static int transform_in_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char *slice,
+                             struct slot_arrival *arrival) {
+    if (arrival && (arrival->repacked || arrival->error)) { /* done by the io thread as it landed */
+        int err = arrival->error;
+        r->stats.arrival_transform_ns += arrival->transform_ns;
+        r->stats.transformed_bytes += err ? 0 : t->stride;
+        *arrival = (struct slot_arrival){0};
+        return err;
+    }
     uint64_t start = guanaco_now_ns();
     memcpy(r->transform_source, slice, t->stride);
     int err = t->transform(t->transform_context, e, r->transform_source, slice);
@@ -1672,6 +1703,9 @@ static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const
             const struct tensor *t = &r->tensors[l->first_tensor + k];
             size_t slot = i * r->max_tensors_in_layer + k;
             char *edges = r->edge_scratch + slot * 2 * EDGE_SLOT_PAGES * r->page;
+            if (r->arrivals) {
+                r->arrivals[slot] = (struct slot_arrival){0};
+            }
             long added = direct_slice_requests(r, t, r->missing[i], &r->staging[slot], edges, r->requests + n_requests);
             if (added < 0) {
                 if (r->missing_error[i] == 0) {
@@ -1739,12 +1773,13 @@ static int move_into_place(struct guanaco_residency *r, const struct tensor *t, 
  * several contexts, which need no address of ours, its whole pages go into the mapping as move_into_place's
  * do, and the rest of the slot goes back to the kernel. *staging is NULL after either.
  */
-static int place_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char **staging, bool *kept) {
+static int place_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char **staging,
+                      struct slot_arrival *arrival, bool *kept) {
     uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride, length = slot_length(r, t);
     char *slot = *staging;
     *kept = !r->shared;
     if (*kept && t->arena) {
-        int err = transform_in_slot(r, t, e, slot + (a - page_down(r, a)));
+        int err = transform_in_slot(r, t, e, slot + (a - page_down(r, a)), arrival);
         if (err) {
             return err; /* the caller discards the slot with the copies it did not place */
         }
@@ -1805,16 +1840,18 @@ static void unplace_slots(struct guanaco_residency *r, const struct layer *l, ui
     }
 }
 
-/* Maps expert e's slices, moving the copies read into staging[tensor] in first where staging is not NULL; 0 or
-   the first error. */
-static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging) {
+/* Maps expert e's slices, moving the copies read into staging[tensor] in first where staging is not NULL (with
+   arrivals[tensor] saying which were repacked as they landed, or NULL); 0 or the first error. */
+static int map_expert(struct guanaco_residency *r, const struct layer *l, uint32_t e, char **staging,
+                      struct slot_arrival *arrivals) {
     for (uint32_t k = 0; k < l->n_tensors; k++) {
         const struct tensor *t = &r->tensors[l->first_tensor + k];
         uint64_t a = t->begin + (uint64_t)e * t->stride, b = a + t->stride;
         int err = 0;
         if (staging) {
             bool kept = false;
-            if ((err = r->slots ? place_slot(r, t, e, &staging[k], &kept) : move_into_place(r, t, a, &staging[k])) != 0) {
+            if ((err = r->slots ? place_slot(r, t, e, &staging[k], arrivals ? &arrivals[k] : NULL, &kept)
+                                : move_into_place(r, t, a, &staging[k])) != 0) {
                 unplace_slots(r, l, e, k);
                 return err;
             }
@@ -1864,6 +1901,43 @@ static void admit_loaded(struct guanaco_residency *r, uint32_t e) {
     r->read_call[e] = r->call;
 }
 
+/*
+ * guanaco_io_submit_then's `then` for missing expert i's job, on the io
+ * thread that completed it (or a thread inside a wait): where every read of
+ * the expert succeeded, its repacked tensors are repacked in their slots,
+ * through arrival_source, and arrivals[] says so for place_slot. It takes
+ * only arrival_lock: a thread waiting for the job may hold r->lock.
+ */
+static void repack_arrived(struct guanaco_io_job *job, void *context) {
+    struct guanaco_residency *r = context;
+    size_t i = (size_t)(job - r->expert_jobs);
+    for (size_t q = 0; q < job->n; q++) {
+        if (job->requests[q].result != 0) {
+            return; /* the expert fails as a whole; its slots are discarded unread */
+        }
+    }
+    if (r->missing_error[i] != 0) {
+        return;
+    }
+    const struct layer *l = &r->layers[r->arrival_layer];
+    uint32_t e = r->missing[i];
+    pthread_mutex_lock(&r->arrival_lock);
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        size_t slot = i * r->max_tensors_in_layer + k;
+        if (!t->arena || !r->staging[slot]) {
+            continue;
+        }
+        uint64_t a = t->begin + (uint64_t)e * t->stride, start = guanaco_now_ns();
+        char *slice = r->staging[slot] + (a - page_down(r, a));
+        memcpy(r->arrival_source, slice, t->stride);
+        int err = t->transform(t->transform_context, e, r->arrival_source, slice);
+        r->arrivals[slot] = (struct slot_arrival){
+            .repacked = err == 0, .error = err, .transform_ns = guanaco_now_ns() - start};
+    }
+    pthread_mutex_unlock(&r->arrival_lock);
+}
+
 /* Starts the reads of the n missing experts of `layer` in one urgent job, into copies where `direct`, else into
    the page cache; returns the request count. */
 static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t n, bool direct,
@@ -1874,9 +1948,11 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
     }
     size_t n_requests = direct ? direct_requests(r, layer, l, n) : page_cache_requests(r, l, n);
     if (r->expert_jobs && direct) { /* one job per expert, in MUL_MAT_ID's order, each waited for on its own */
+        r->arrival_layer = layer;
         for (size_t i = 0; i < n; i++) {
             size_t first = r->expert_first_request[i], count = r->expert_first_request[i + 1] - first;
-            (void)guanaco_io_submit(r->io, &r->expert_jobs[i], r->requests + first, count, 1);
+            (void)guanaco_io_submit_then(r->io, &r->expert_jobs[i], r->requests + first, count, 1,
+                                         r->arrivals ? repack_arrived : NULL, r);
         }
         return n_requests;
     }
@@ -1924,7 +2000,8 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
         }
         if (r->missing_error[i] == 0) {
             r->missing_error[i] =
-                map_expert(r, l, r->missing[i], direct ? r->staging + i * r->max_tensors_in_layer : NULL);
+                map_expert(r, l, r->missing[i], direct ? r->staging + i * r->max_tensors_in_layer : NULL,
+                           direct && r->arrivals ? r->arrivals + i * r->max_tensors_in_layer : NULL);
             if (r->missing_error[i] && !first_error) {
                 first_error = r->missing_error[i];
             }
@@ -2077,7 +2154,7 @@ static size_t claim_prefetch(struct guanaco_residency *r, uint32_t layer, uint64
                 r->stats.prefetch_wasted_experts++;
                 r->missing[(*n_missing)++] = e;
             } else if (err == 0 &&
-                       (run->copies ? map_expert(r, l, e, run->staging) : populate_slices(r, l, e, true)) == 0) {
+                       (run->copies ? map_expert(r, l, e, run->staging, NULL) : populate_slices(r, l, e, true)) == 0) {
                 admit_loaded(r, e);
                 r->stats.prefetch_used_bytes += per_expert;
                 r->stats.prefetch_used_experts++;
@@ -2448,7 +2525,8 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
         char **staging = r->staging + i * r->max_tensors_in_layer;
         int err = collect_read_results(r, layer, r->expert_first_request[i], r->expert_first_request[i + 1]);
         if (!err && !r->missing_error[i]) {
-            r->missing_error[i] = map_expert(r, l, r->missing[i], staging);
+            r->missing_error[i] = map_expert(r, l, r->missing[i], staging,
+                                             r->arrivals ? r->arrivals + i * r->max_tensors_in_layer : NULL);
         } else if (!r->missing_error[i]) {
             r->missing_error[i] = err;
         }

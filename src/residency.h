@@ -192,6 +192,8 @@ struct guanaco_residency_stats {
     uint64_t read_ns, populate_ns, evict_ns; /* the reads (PAGE_CACHE: until mapped, as mapping waits for the
                                                 disk), DIRECT's placing and mapping, dropping victims */
     uint64_t transform_ns;          /* inside populate_ns: arena tensors' transforms (expert_repack.h) */
+    uint64_t arrival_transform_ns;  /* not in populate_ns: transforms the io thread did as an expert's reads landed
+                                       (fixed slots), overlapping the reads behind it */
     uint64_t transformed_bytes;     /* bytes that went through a transform */
     uint64_t resident_bytes;        /* accounting */
     uint64_t peak_resident_bytes;   /* highest accounting, reached between the reads and the eviction */

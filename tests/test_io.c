@@ -4,13 +4,16 @@
  * O_DIRECT path and its alignment checks, end of file before the length, and
  * injected faults (an error, a short read, EINTR, a premature end of file)
  * that must fail only their own request; and jobs: several in flight at
- * once, waited for one by one, urgent before the rest, and cancelled. A 64 MiB file with a known pattern
+ * once, waited for one by one, urgent before the rest, and cancelled; and a job's `then`, run once after its
+ * reads and before it counts as done. A 64 MiB file with a known pattern
  * is written under $TMPDIR (or /tmp) and removed at once.
  */
 #include "io.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -502,6 +505,94 @@ static void test_advise(enum guanaco_io_backend backend) {
     guanaco_io_destroy(io);
 }
 
+/* What a `then` saw: how often it ran, and whether every request had its result and its bytes then. */
+struct then_record {
+    atomic_int calls;
+    atomic_bool complete_when_called; /* every request had a result, and each read one held the file's bytes */
+    atomic_bool hold;                 /* while set, the `then` spins: the job must not count as done meanwhile */
+    atomic_bool running;
+};
+
+static void record_then(struct guanaco_io_job *job, void *context) {
+    struct then_record *record = context;
+    atomic_store(&record->running, true);
+    bool complete = true;
+    for (size_t i = 0; i < job->n; i++) {
+        const struct guanaco_io_request *r = &job->requests[i];
+        complete = complete && r->result != 1 &&
+                   (r->result != 0 || matches_pattern(r->destination, r->offset, r->length));
+    }
+    atomic_store(&record->complete_when_called, complete);
+    while (atomic_load(&record->hold)) {
+        sched_yield();
+    }
+    atomic_fetch_add(&record->calls, 1);
+}
+
+/*
+ * guanaco_io_submit_then: each job's `then` runs exactly once, after every request of the job has its result
+ * and bytes, and before poll or wait says the job is done (a held `then` keeps it not done); a cancelled
+ * job's and an empty job's run too, the empty one's before submit returns.
+ */
+static void test_then(enum guanaco_io_backend backend, unsigned depth) {
+    struct guanaco_io *io = create_or_skip(backend, depth, 256 * 1024);
+    enum { JOBS = 5, PER_JOB = 3 };
+    struct guanaco_io_request requests[JOBS][PER_JOB];
+    struct guanaco_io_job jobs[JOBS];
+    struct then_record records[JOBS];
+    unsigned char *buffers[JOBS][PER_JOB];
+    for (int j = 0; j < JOBS; j++) {
+        records[j] = (struct then_record){0};
+        atomic_store(&records[j].hold, j == 0);
+        for (int i = 0; i < PER_JOB; i++) {
+            uint64_t length = 1 + random_below(2 * MiB);
+            buffers[j][i] = guarded_buffer(length);
+            requests[j][i] = (struct guanaco_io_request){.fd = fd_buffered, .offset = random_below(FILE_BYTES - length),
+                                                         .length = length, .destination = buffers[j][i], .result = 1};
+        }
+        CHECK(guanaco_io_submit_then(io, &jobs[j], requests[j], PER_JOB, 1, record_then, &records[j]) == 0);
+    }
+    /* job 0's `then` is held: once it runs, its reads are all in, and still the job is not done */
+    while (!atomic_load(&records[0].running)) {
+        sched_yield();
+    }
+    CHECK(guanaco_io_poll(io, &jobs[0]) == 0);
+    CHECK(atomic_load(&records[0].calls) == 0);
+    atomic_store(&records[0].hold, false);
+    for (int j = 0; j < JOBS; j++) {
+        CHECK(guanaco_io_wait(io, &jobs[j]) == 0);
+        CHECK(atomic_load(&records[j].calls) == 1); /* ran before wait returned, and once */
+        CHECK(atomic_load(&records[j].complete_when_called));
+        for (int i = 0; i < PER_JOB; i++) {
+            CHECK(guard_intact(buffers[j][i], requests[j][i].length));
+            free(buffers[j][i]);
+        }
+    }
+    CHECK(guanaco_io_wait(io, &jobs[0]) == 0 && atomic_load(&records[0].calls) == 1); /* not again */
+
+    /* a cancelled job's `then` runs once, seeing each request read or -ECANCELED */
+    enum { LONG_REQUESTS = 32 };
+    struct guanaco_io_request slow[LONG_REQUESTS];
+    unsigned char *slow_buffer = malloc(LONG_REQUESTS * MiB);
+    for (int i = 0; i < LONG_REQUESTS; i++) {
+        slow[i] = (struct guanaco_io_request){.fd = fd_buffered, .offset = (uint64_t)i * MiB, .length = MiB,
+                                              .destination = slow_buffer + (size_t)i * MiB, .result = 1};
+    }
+    struct guanaco_io_job slow_job;
+    struct then_record slow_record = {0};
+    CHECK(guanaco_io_submit_then(io, &slow_job, slow, LONG_REQUESTS, 0, record_then, &slow_record) == 0);
+    (void)guanaco_io_cancel(io, &slow_job);
+    CHECK(atomic_load(&slow_record.calls) == 1 && atomic_load(&slow_record.complete_when_called));
+    free(slow_buffer);
+
+    /* an empty job's `then` runs on the submitter */
+    struct guanaco_io_job empty;
+    struct then_record empty_record = {0};
+    CHECK(guanaco_io_submit_then(io, &empty, NULL, 0, 0, record_then, &empty_record) == 0);
+    CHECK(atomic_load(&empty_record.calls) == 1 && guanaco_io_poll(io, &empty) == 1);
+    guanaco_io_destroy(io);
+}
+
 static void test_backend(enum guanaco_io_backend backend) {
     const char *name = guanaco_io_backend_name(backend);
     struct guanaco_io *probe = NULL;
@@ -533,6 +624,8 @@ static void test_backend(enum guanaco_io_backend backend) {
     test_jobs(backend, 1);
     test_jobs(backend, 16);
     test_urgent_and_cancel(backend);
+    test_then(backend, 1);
+    test_then(backend, 16);
     printf("%s %s\n", check_failed == before ? "PASS" : "FAIL", name);
 }
 
