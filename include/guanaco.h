@@ -46,7 +46,7 @@ enum guanaco_readahead {
 enum guanaco_load_mode {
     GUANACO_LOAD_PAGE_CACHE = 0, /* buffered reads fill the page cache, MADV_POPULATE_READ maps them */
     GUANACO_LOAD_DIRECT = 1,     /* O_DIRECT reads into anonymous pages moved over the expert's range */
-    GUANACO_LOAD_AUTO = 2,       /* by the model's expert slices at start: guanaco_auto_load_is_direct */
+    GUANACO_LOAD_AUTO = 2,       /* direct, with its fallbacks (no O_DIRECT, vm.max_map_count): measured faster */
 };
 
 /* Whether resident experts run on llama.cpp's repacked CPU kernels (each repacked as it is read). */

@@ -68,24 +68,6 @@ void guanaco_auto_budget_margin_rule(bool contexts_known, char *text, size_t siz
              whole_gib ? "GiB" : "MiB", share * 100.0);
 }
 
-/* Slices this large have a 2 MiB-aligned middle, which page-cache loading reads in 2 MiB folios and maps whole;
-   direct loading's copies are 4 KiB anonymous pages. Measured at 25%, replayed routing (bench/PIPELINE.md):
-   Qwen3-30B-A3B Q8_0, 1.6 MB slices, direct 1.06-1.36x page-cache's decode; Mixtral-8x7B Q4_0, 33 MB slices,
-   direct 0.69x, its compute outside the stall twice page-cache's. */
-#define AUTO_LOAD_PAGE_CACHE_SLICE_BYTES (4ull << 20)
-
-uint64_t guanaco_largest_expert_slice(const struct guanaco_manifest *m) {
-    uint64_t largest = 0;
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        largest = m->tensors[i].expert_stride > largest ? m->tensors[i].expert_stride : largest;
-    }
-    return largest;
-}
-
-bool guanaco_auto_load_is_direct(const struct guanaco_manifest *m) {
-    return guanaco_largest_expert_slice(m) < AUTO_LOAD_PAGE_CACHE_SLICE_BYTES;
-}
-
 uint64_t guanaco_read_ahead_allowance(uint64_t budget_bytes) {
     return budget_bytes / 2;
 }

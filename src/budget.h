@@ -31,12 +31,6 @@ void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int6
 /* The memory at which the load-time rule (contexts unknown) gives `budget`: the rule read backwards. */
 double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes, bool keeps_spares);
 
-/* --guanaco-load auto: direct loading unless an expert slice is 4 MiB or larger, where page-cache loading's
-   2 MiB folios map it whole and measured faster. The engine and guanaco-plan both ask here. */
-bool guanaco_auto_load_is_direct(const struct guanaco_manifest *m);
-
-/* The largest expert slice (one expert's part of one tensor) in bytes: what --guanaco-load auto goes by. */
-uint64_t guanaco_largest_expert_slice(const struct guanaco_manifest *m);
 
 /* The most bytes of evicted copies direct loading keeps for the next reads, beyond the budget: an eighth of
    it, at least 64 MiB. Anonymous memory the kernel cannot reclaim, so --guanaco-ram auto counts it. */

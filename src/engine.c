@@ -580,13 +580,14 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         (err = guanaco_expert_repack_create(&engine->repack)) < 0) {
         return err;
     }
-    const bool direct = o->load == GUANACO_LOAD_DIRECT || (o->load == GUANACO_LOAD_AUTO && guanaco_auto_load_is_direct(m));
+    /* auto: direct at every slice size since fixed slots. At 25%, replayed routing, decode against page-cache
+       loading: Qwen3-30B-A3B Q8_0 (1.6 MB slices) 1.06-1.36x, Mixtral-8x7B Q4_0 (33 MB) 1.36x paired median,
+       gpt-oss MXFP4 (4.4 MB) 1.63x (bench/PIPELINE.md). Before slots Mixtral's was 0.69x, hence the old 4 MiB rule. */
+    const bool direct = o->load != GUANACO_LOAD_PAGE_CACHE;
     enum guanaco_residency_load load = direct ? GUANACO_RESIDENCY_LOAD_DIRECT : GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
     if (o->load == GUANACO_LOAD_AUTO) {
-        guanaco_log_info("--guanaco-load auto: %s (the largest expert slice is %.1f MiB; %s)",
-                         direct ? "direct" : "page-cache", (double)guanaco_largest_expert_slice(m) / 1048576.0,
-                         direct ? "under 4 MiB, direct loading decoded faster" :
-                                  "4 MiB or more, which page-cache loading maps in 2 MiB folios");
+        guanaco_log_info("--guanaco-load auto: direct (measured faster than page-cache loading at every expert slice "
+                         "size with fixed slots)");
     }
     for (int s = 0; s < m->n_shards; s++) {
         engine->shard_fds[s] = open(m->shard_paths[s], O_RDONLY | O_CLOEXEC);

@@ -78,8 +78,8 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
     [OPTION_LOAD] = {"guanaco-load", "GUANACO_LOAD", OPTION_CHOICE, load_choices,
                      "how a missing expert is made resident: page-cache (buffered reads, then mapped) or direct "
                      "(O_DIRECT into anonymous pages placed over the mapping; prompts still stream through the page cache) "
-                     "or auto (default: direct where expert slices are under 4 MiB, page-cache where they are larger "
-                     "and its 2 MiB folios map them: measured, README)"},
+                     "or auto (default: direct, which decoded faster at every expert slice size measured; page-cache "
+                     "where O_DIRECT or vm.max_map_count rule direct out: README)"},
     [OPTION_STATUS_EVERY] = {"guanaco-status-every", "GUANACO_STATUS_EVERY", OPTION_NUMBER, NULL,
                              "print a residency status line every N decoded tokens (default: 32)"},
     [OPTION_AUDIT] = {"guanaco-audit", "GUANACO_AUDIT", OPTION_BOOL, NULL,
@@ -162,7 +162,7 @@ static int default_value(enum option_id id) {
     case OPTION_PREFETCH_THROTTLE: return 1;
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return GUANACO_IO_URING;
-    case OPTION_LOAD: return GUANACO_LOAD_AUTO; /* by slice size: bench/PIPELINE.md, "Direct loading becomes the default" */
+    case OPTION_LOAD: return GUANACO_LOAD_AUTO; /* direct: bench/PIPELINE.md, "Direct loading at every slice size" */
     case OPTION_PREFETCH: return GUANACO_PREDICTOR_DEFAULT;
     default: return 0;
     }
@@ -362,7 +362,7 @@ int guanaco_options_get(struct guanaco_options *out) {
        fault 4 KiB at a time what one populate maps, which ate the gain on 2 cores (README). */
     const bool overlap_follows_load = value[OPTION_OVERLAP_LAYER] < 0;
     if (overlap_follows_load) {
-        value[OPTION_OVERLAP_LAYER] = value[OPTION_LOAD] != GUANACO_LOAD_PAGE_CACHE; /* auto: the engine decides */
+        value[OPTION_OVERLAP_LAYER] = value[OPTION_LOAD] != GUANACO_LOAD_PAGE_CACHE; /* auto is direct */
     }
     snprintf(out->trace_out, sizeof(out->trace_out), "%s", path[OPTION_TRACE_OUT]);
     snprintf(out->trace_replay, sizeof(out->trace_replay), "%s", path[OPTION_TRACE_REPLAY]);

@@ -262,8 +262,8 @@ check "big slices: plain default" $? "$(tail -2 "$W/big.default.log")"
 thp=$(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo "[never]")
 for huge in on off; do
     [ -n "${EVICT_TOOL:-}" ] && "$EVICT_TOOL" "$m" >/dev/null
-    GUANACO_STREAMING=1 GUANACO_RAM=40M GUANACO_HUGE_FOLIOS=$huge GUANACO_STATUS_EVERY=1 "$LOGITS_DUMP" "$m" \
-        "$W/big.$huge.bin" --gen-tokens 8 >"$W/big.$huge.log" 2>&1
+    GUANACO_STREAMING=1 GUANACO_RAM=40M GUANACO_LOAD=page-cache GUANACO_HUGE_FOLIOS=$huge GUANACO_STATUS_EVERY=1 \
+        "$LOGITS_DUMP" "$m" "$W/big.$huge.bin" --gen-tokens 8 >"$W/big.$huge.log" 2>&1
     rc=$?
     loaded=$(grep 'guanaco: residency: [0-9]' "$W/big.$huge.log" | grep -o 'loaded [0-9.]* MiB via the huge mapping' |
         awk '{ print $2 }')
@@ -276,13 +276,20 @@ for huge in on off; do
     check "big slices, huge folios $huge: logits equal the $ref reference, ${loaded:-?} MiB loaded via the huge mapping ($want)" \
         $? "rc=$rc $(grep -E 'guanaco: (error|residency: [0-9])' "$W/big.$huge.log" | head -2)"
 done
-# --guanaco-load auto (the default) chose page-cache loading for those 4.5 MB slices, and direct loading for the
-# small model's (the warm start above), each with the overlap that follows it.
-grep -q 'guanaco-load auto: page-cache' "$W/big.on.log" && grep -q 'load page-cache, prefetch' "$W/big.on.log" &&
+# --guanaco-load auto (the default) chooses direct loading for those 4.5 MB slices too (the old rule gave them
+# page-cache loading), overlapped, with the same logits; and direct for the small model's (the warm start above).
+[ -n "${EVICT_TOOL:-}" ] && "$EVICT_TOOL" "$m" >/dev/null
+GUANACO_STREAMING=1 GUANACO_RAM=40M GUANACO_STATUS_EVERY=1 "$LOGITS_DUMP" "$m" "$W/big.auto.bin" --gen-tokens 8 \
+    >"$W/big.auto.log" 2>&1
+rc=$?
+ref=off
+grep -q "so results equal plain llama.cpp's default" "$W/big.auto.log" && ref=default
+[ $rc -eq 0 ] && cmp -s "$W/big.$ref.bin" "$W/big.auto.bin" && grep -q 'guanaco-load auto: direct' "$W/big.auto.log" &&
+    grep -q 'load direct (a layer computes while its reads land)' "$W/big.auto.log" &&
     grep -q 'guanaco-load auto: direct' "$W/warm.log" && grep -q 'load direct (a layer computes while its reads land)' \
     "$W/warm.log"
-check "load auto: page-cache for 4.5 MB slices, direct (overlapped) for small ones" $? \
-    "$(grep -hE 'load auto|residency: budget' "$W/big.on.log" "$W/warm.log")"
+check "load auto: direct (overlapped) for 4.5 MB slices and for small ones, logits equal the $ref reference" $? \
+    "rc=$rc $(grep -hE 'load auto|residency: budget|guanaco: error' "$W/big.auto.log" "$W/warm.log" | head -4)"
 m="$W/qwen3moe-Q8_0.gguf"
 
 GUANACO_STREAMING=1 GUANACO_RAM=12Q "$LOGITS_DUMP" "$W/qwen3moe-Q8_0.gguf" "$W/bad.bin" >"$W/bad.log" 2>&1

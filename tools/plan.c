@@ -806,8 +806,7 @@ int main(int argc, char **argv) {
     uint64_t non_expert = manifest.total_bytes - manifest.expert_bytes;
     struct guanaco_options engine_options;
     if (guanaco_options_get(&engine_options) == 0) {
-        options.keeps_spares = engine_options.load == GUANACO_LOAD_DIRECT ||
-                               (engine_options.load == GUANACO_LOAD_AUTO && guanaco_auto_load_is_direct(&manifest));
+        options.keeps_spares = engine_options.load != GUANACO_LOAD_PAGE_CACHE; /* auto is direct */
     }
     print_model(&geometry, non_expert);
     struct plan_speeds speeds = {0};
