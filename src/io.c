@@ -81,7 +81,12 @@ struct guanaco_io {
     pthread_cond_t job_done;   /* some job finished */
     bool sync_ready;
     struct job_queue urgent, normal;
-    struct guanaco_io_job *thens; /* jobs whose last chunk landed and whose `then` no thread has taken yet */
+    /* Jobs whose last chunk landed and whose `then` no thread has taken yet, oldest first. The then thread runs
+       them, so that the threads that keep the disk busy never do CPU work; a waiter runs them too. */
+    struct guanaco_io_job *thens, *thens_tail;
+    pthread_cond_t then_ready;
+    pthread_t then_thread;
+    bool then_thread_started;
     unsigned normal_in_flight; /* chunks of non-urgent jobs being read */
     bool stopping;
     pthread_t *threads;
@@ -231,8 +236,14 @@ static void finish_if_complete(struct guanaco_io *io, struct guanaco_io_job *job
     if (!job->done && !job->then_pending && !job->queued && job->in_flight == 0) {
         if (job->then) {
             job->then_pending = 1;
-            job->next_then = io->thens;
-            io->thens = job;
+            job->next_then = NULL;
+            if (io->thens_tail) {
+                io->thens_tail->next_then = job;
+            } else {
+                io->thens = job;
+            }
+            io->thens_tail = job;
+            pthread_cond_signal(&io->then_ready);
             pthread_cond_broadcast(&io->job_done); /* a waiter may run it */
             return;
         }
@@ -247,6 +258,7 @@ static bool run_thens(struct guanaco_io *io) {
     while (io->thens) {
         struct guanaco_io_job *job = io->thens;
         io->thens = job->next_then;
+        io->thens_tail = io->thens ? io->thens_tail : NULL;
         pthread_mutex_unlock(&io->lock);
         job->then(job, job->then_context);
         pthread_mutex_lock(&io->lock);
@@ -490,9 +502,6 @@ static void *uring_driver(void *arg) {
             uring_prepare(io, slot);
             in_ring++;
         }
-        if (run_thens(io)) {
-            continue; /* a job that failed before its reads (take_chunk) finished: refill again */
-        }
         if (!wake_armed) {
             uring_arm_wake(io);
             wake_armed = true;
@@ -538,7 +547,6 @@ static void *uring_driver(void *arg) {
             in_ring--;
         }
         io_uring_cq_advance(&io->ring, seen);
-        (void)run_thens(io); /* the ring keeps its chunks in flight meanwhile; the refill follows */
     }
     pthread_mutex_unlock(&io->lock);
     return NULL;
@@ -624,16 +632,25 @@ static void *worker_main(void *arg) {
     while (!io->stopping) {
         struct chunk c;
         if (!take_chunk(io, &c)) {
-            if (!run_thens(io)) {
-                pthread_cond_wait(&io->work_ready, &io->lock);
-            }
+            pthread_cond_wait(&io->work_ready, &io->lock);
             continue;
         }
         pthread_mutex_unlock(&io->lock);
         int state = read_chunk(io, &c);
         pthread_mutex_lock(&io->lock);
         chunk_finished(io, &c, state);
-        (void)run_thens(io);
+    }
+    pthread_mutex_unlock(&io->lock);
+    return NULL;
+}
+
+static void *then_main(void *arg) {
+    struct guanaco_io *io = arg;
+    pthread_mutex_lock(&io->lock);
+    while (!io->stopping) {
+        if (!run_thens(io)) {
+            pthread_cond_wait(&io->then_ready, &io->lock);
+        }
     }
     pthread_mutex_unlock(&io->lock);
     return NULL;
@@ -669,8 +686,16 @@ static int sync_create(struct guanaco_io *io) {
         pthread_mutex_destroy(&io->lock);
         return -ENOMEM;
     }
+    if (pthread_cond_init(&io->then_ready, NULL) != 0) {
+        pthread_cond_destroy(&io->job_done);
+        pthread_cond_destroy(&io->work_ready);
+        pthread_mutex_destroy(&io->lock);
+        return -ENOMEM;
+    }
     io->sync_ready = true;
-    return 0;
+    int err = pthread_create(&io->then_thread, NULL, then_main, io);
+    io->then_thread_started = err == 0;
+    return -err;
 }
 
 int guanaco_io_create(enum guanaco_io_backend backend, unsigned queue_depth, unsigned max_chunk_bytes,
@@ -714,12 +739,16 @@ void guanaco_io_destroy(struct guanaco_io *io) {
         pthread_mutex_lock(&io->lock);
         io->stopping = true;
         pthread_cond_broadcast(&io->work_ready);
+        pthread_cond_broadcast(&io->then_ready);
         pthread_mutex_unlock(&io->lock);
         if (io->wake_fd >= 0) {
             uring_wake(io);
         }
         for (unsigned i = 0; i < io->n_threads; i++) {
             pthread_join(io->threads[i], NULL);
+        }
+        if (io->then_thread_started) {
+            pthread_join(io->then_thread, NULL);
         }
     }
     if (io->ring_ready) {
@@ -729,6 +758,7 @@ void guanaco_io_destroy(struct guanaco_io *io) {
         close(io->wake_fd);
     }
     if (io->sync_ready) {
+        pthread_cond_destroy(&io->then_ready);
         pthread_cond_destroy(&io->job_done);
         pthread_cond_destroy(&io->work_ready);
         pthread_mutex_destroy(&io->lock);

@@ -7,7 +7,8 @@
  *
  * Reads are asynchronous underneath: a job (one batch of requests) is
  * submitted and returns at once; background workers (one io_uring driver
- * thread, or queue_depth pread threads) keep up to queue_depth chunks in
+ * thread, or queue_depth pread threads, and one thread for the jobs'
+ * `then`, below) keep up to queue_depth chunks in
  * flight across every job queued, urgent jobs first. The caller polls,
  * waits for any subset of its jobs, or cancels one. guanaco_io_read_batch
  * is submit + wait.
@@ -132,11 +133,13 @@ int guanaco_io_submit(struct guanaco_io *io, struct guanaco_io_job *job, struct 
  * guanaco_io_submit, and `then(job, context)` runs once every request of the
  * job has its result, before poll or wait says the job is done, outside io's
  * lock: CPU work on the bytes (the residency engine repacks an expert there)
- * overlaps the reads of the jobs behind it. It runs on the io thread that
- * completed the job's last chunk, or on a thread inside wait or cancel (a
- * job done at submit runs it on the submitter). It must not wait for another
- * job of this io object, and it may run on several threads at once for
- * different jobs.
+ * overlaps the reads of the jobs behind it. Pending `then`s run in the order
+ * their jobs completed, on io's then thread (never on the threads that keep
+ * the disk busy: a driver thread repacking left the ring to drain), or on a
+ * thread inside wait or cancel, which takes the oldest pending one, its own
+ * or not (a job done at submit runs it on the submitter). It must not wait
+ * for another job of this io object, and it may run on several threads at
+ * once for different jobs.
  */
 int guanaco_io_submit_then(struct guanaco_io *io, struct guanaco_io_job *job, struct guanaco_io_request *requests,
                            size_t n, int urgent, void (*then)(struct guanaco_io_job *job, void *context),

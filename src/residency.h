@@ -115,7 +115,8 @@
  * arena's pages. DIRECT falls back to PAGE_CACHE when any tensor has an
  * arena, except with fixed_slots: then an arena tensor's slice is read whole
  * into a slot like any other and transformed there (through a scratch copy:
- * a transform reads its source rows after writing), and
+ * a transform reads its source rows after writing; a demand load's on the
+ * io thread that completes its job, as the reads behind it land), and
  * guanaco_residency_expert_data finds it by the arena's address, which is
  * what ggml holds as the tensor's data. The arena then stays untouched,
  * except by the warm start's adoption (guanaco_residency_adopt_cached),
