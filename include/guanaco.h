@@ -81,6 +81,7 @@ struct guanaco_options {
                               direct loading) */
     bool overlap_layer_follows_load; /* not given: the engine turns it on exactly where it loads directly */
     bool fixed_slots;      /* --guanaco-fixed-slots: direct loading's copies compute where they were read */
+    bool stream_direct;    /* --guanaco-stream-direct: streamed prompts read with O_DIRECT into two layer buffers */
     int prefetch;          /* --guanaco-prefetch: an enum guanaco_predictor_kind; none = no read-ahead */
     bool prefetch_throttle; /* --guanaco-prefetch-throttle: read ahead only where measured faster */
     double pilot_mass;     /* --guanaco-pilot-mass; 0 = the predictor's default */

@@ -8,6 +8,8 @@
  * 6 GB limit on a 16.5 GB model, the load-time rule alone left 1.4 GB unused.
  * Direct loading keeps evicted copies (anonymous, not reclaimable) beside the
  * budget, up to guanaco_spare_limit, so its budget leaves room for them.
+ * A prompt's stream buffers (--guanaco-stream-direct) must fit beside the
+ * budget too, or prompts stream through the page cache.
  * The floor is a quarter of a layer's experts, or nothing runs. --guanaco-load
  * auto's choice lives here too, a rule on the same manifest.
  * The preload
@@ -52,6 +54,17 @@ void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int6
     out->spares = keeps_spares ? room - budget : 0;
     out->at_floor = budget < floor;
     out->budget = out->at_floor ? floor : budget;
+}
+
+bool guanaco_stream_buffers_fit(uint64_t memory, uint64_t non_expert_bytes, uint64_t budget, int64_t context_bytes,
+                                bool contexts_known, uint64_t buffer_bytes) {
+    /* Spares are given back while a prompt streams, and the non-expert weights' page cache is the slack that
+       page-cache streaming lived in too: no margin beyond the contexts' own buffers. */
+    uint64_t contexts = !contexts_known ? MARGIN_UNKNOWN_BYTES + (uint64_t)((double)memory * MARGIN_UNKNOWN_SHARE)
+                        : context_bytes > 0 ? (uint64_t)context_bytes
+                                            : 0;
+    uint64_t taken = non_expert_bytes + budget + contexts;
+    return memory > taken && memory - taken >= buffer_bytes;
 }
 
 double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes, bool keeps_spares) {

@@ -71,7 +71,8 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      "%.2f GiB read at %.2f GB/s, stall %.1f ms/token (reads %.1f, mapping %.1f of which repacking %.1f, eviction %.1f, read-ahead "
                      "wait %.1f), %llu evictions, churn %.1f%% "
                      "(reloaded within %u tokens), read-ahead %.1f MiB issued, %.1f used, %.1f wasted, recall %.1f%%, "
-                     "hidden %.1f%% of reads, streamed %.1f MiB (%.1f via the huge mapping), loaded %.1f MiB via the huge "
+                     "hidden %.1f%% of reads, streamed %.1f MiB (%.1f via the huge mapping, %.1f read direct into the stream "
+                     "buffers), loaded %.1f MiB via the huge "
                      "mapping, repacked as reads landed %.1f ms/token%s%s",
                      what, (unsigned long long)tokens, percent(hits, accesses), (unsigned long long)accesses,
                      percent(now->pinned_hits - before->pinned_hits, accesses), (unsigned long long)loads, gib(bytes),
@@ -84,6 +85,7 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      percent(named, checked), percent(hidden, demand + used),
                      (double)(now->streamed_bytes - before->streamed_bytes) / 1048576.0,
                      (double)(now->streamed_huge_bytes - before->streamed_huge_bytes) / 1048576.0,
+                     (double)(now->streamed_direct_bytes - before->streamed_direct_bytes) / 1048576.0,
                      (double)(now->loaded_huge_bytes - before->loaded_huge_bytes) / 1048576.0,
                      per_token(now->arrival_transform_ns - before->arrival_transform_ns, tokens), spares, tail);
 }
@@ -332,11 +334,49 @@ static void describe_spares(const struct guanaco_auto_budget *rule, char *text, 
     }
 }
 
-static uint64_t automatic_budget(struct guanaco_engine *engine, bool keeps_spares) {
-    const struct guanaco_manifest *m = &engine->manifest;
+/* What this process may use: its cgroup's limit, or MemAvailable where that is less or there is none. */
+static uint64_t process_memory(bool *is_limit) {
     uint64_t limit = cgroup_memory_limit();
     uint64_t available = mem_available();
-    uint64_t memory = limit && (limit < available || !available) ? limit : available;
+    *is_limit = limit && (limit < available || !available);
+    return *is_limit ? limit : available;
+}
+
+/*
+ * --guanaco-stream-direct: the stream buffers are anonymous memory the kernel cannot reclaim, where a prompt
+ * streamed through the page cache before, so they are used only where they fit beside the budget
+ * (guanaco_stream_buffers_fit). Asked at load and again once the contexts' buffers are known; says what it chose
+ * when that changes.
+ */
+static void choose_stream_direct(struct guanaco_engine *engine, bool contexts_known) {
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(engine->residency, &st);
+    if (!st.stream_buffer_bytes) {
+        return; /* not asked for, or not possible here (page-cache loading, no slots, repacked experts) */
+    }
+    const struct guanaco_manifest *m = &engine->manifest;
+    int64_t contexts = atomic_load(&engine->context_bytes);
+    bool fit = !engine->process_memory ||
+               guanaco_stream_buffers_fit(engine->process_memory, m->total_bytes - m->expert_bytes, engine->budget_bytes,
+                                          contexts, contexts_known, st.stream_buffer_bytes);
+    guanaco_residency_set_stream_direct(engine->residency, fit);
+    if ((fit == st.stream_direct && contexts_known) || (!fit && !contexts_known)) {
+        return; /* unchanged, or not decided until the contexts' buffers are known */
+    }
+    if (fit) {
+        guanaco_log_info("prompts stream with O_DIRECT into two layer buffers, %.2f GiB in all while a prompt streams",
+                         gib(st.stream_buffer_bytes));
+    } else {
+        guanaco_log_info("prompts stream through the page cache: the O_DIRECT stream buffers (%.2f GiB) do not fit in "
+                         "%.2f GiB beside the non-expert weights, the budget and the contexts' buffers",
+                         gib(st.stream_buffer_bytes), gib(engine->process_memory));
+    }
+}
+
+static uint64_t automatic_budget(struct guanaco_engine *engine, bool keeps_spares) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    bool is_limit = false;
+    uint64_t memory = process_memory(&is_limit);
     struct guanaco_auto_budget rule;
     guanaco_auto_budget(memory, m, 0, false, keeps_spares, &rule);
     uint64_t margin = rule.margin, budget = rule.budget;
@@ -347,7 +387,7 @@ static uint64_t automatic_budget(struct guanaco_engine *engine, bool keeps_spare
     describe_spares(&rule, spares, sizeof(spares));
     guanaco_log_info("budget auto: %s %.2f GiB - non-expert weights %.2f GiB - margin %.2f GiB (%s, until "
                      "the context's buffers are known)%s = %.2f GiB",
-                     limit && memory == limit ? "cgroup limit" : "MemAvailable", gib(memory),
+                     is_limit ? "cgroup limit" : "MemAvailable", gib(memory),
                      gib(m->total_bytes - m->expert_bytes), gib(margin), margin_rule, spares, gib(budget));
     return budget;
 }
@@ -374,7 +414,11 @@ void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes)
         return;
     }
     int64_t contexts = atomic_fetch_add(&engine->context_bytes, bytes) + bytes;
-    if (!engine->residency || engine->options.ram_bytes || !engine->auto_memory) {
+    if (!engine->residency) {
+        return;
+    }
+    if (engine->options.ram_bytes || !engine->auto_memory) {
+        choose_stream_direct(engine, true);
         return;
     }
     struct guanaco_residency_stats st; /* the load the residency runs: direct may have fallen back at its start */
@@ -384,7 +428,9 @@ void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes)
                         &rule);
     uint64_t margin = rule.margin, budget = rule.budget;
     guanaco_residency_set_budget(engine->residency, budget);
+    engine->budget_bytes = budget;
     update_holds_every_expert(engine);
+    choose_stream_direct(engine, true);
     char margin_rule[32];
     guanaco_auto_budget_margin_rule(true, margin_rule, sizeof(margin_rule));
     char spares[64];
@@ -619,6 +665,9 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     }
     /* Both knobs may be set and the tighter wins; a budget not given is derived. */
     uint64_t budget = o->ram_bytes ? o->ram_bytes : automatic_budget(engine, load == GUANACO_RESIDENCY_LOAD_DIRECT);
+    bool is_limit = false;
+    engine->process_memory = process_memory(&is_limit);
+    engine->budget_bytes = budget;
     const bool everything_fits = budget >= m->expert_bytes && (!o->max_experts || o->max_experts >= (uint32_t)m->n_expert);
     /* Each layer's tensors in the order its matmuls run, so that --guanaco-overlap-layer reads them so */
     for (size_t step = 0; step < COMPUTE_RANKS * m->n_tensors; step++) {
@@ -673,6 +722,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .huge_folios = o->huge_folios,
         .overlap_layer = o->overlap_layer_follows_load ? load == GUANACO_RESIDENCY_LOAD_DIRECT : o->overlap_layer,
         .fixed_slots = o->fixed_slots,
+        .stream_direct = o->stream_direct,
     };
     /* direct loading's overlap needs MUL_MAT_ID to ask: one engine per process gets it, the others wait for
        their reads as without the overlap */
@@ -723,6 +773,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         return err;
     }
     update_holds_every_expert(engine);
+    choose_stream_direct(engine, atomic_load(&engine->context_bytes) > 0);
     struct guanaco_residency_stats started;
     guanaco_residency_get_stats(engine->residency, &started);
     if (started.overlap_layer && started.load == GUANACO_RESIDENCY_LOAD_DIRECT) {

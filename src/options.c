@@ -52,7 +52,7 @@ static const char *const repack_choices[] = {"off", "on", "auto", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_STREAM_PROMPTS, OPTION_HUGE_FOLIOS, OPTION_OVERLAP_LAYER, OPTION_FIXED_SLOTS, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_COUNT
+    OPTION_STREAM_PROMPTS, OPTION_HUGE_FOLIOS, OPTION_OVERLAP_LAYER, OPTION_FIXED_SLOTS, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_STREAM_DIRECT, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -125,6 +125,10 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                        "off (they equal --guanaco-reference; needed for several contexts at once), or auto: on when "
                        "the budget holds every expert, else off, as repacking each miss costs more than it saves "
                        "(default: auto, measured; --no-repack turns it off)"},
+    [OPTION_STREAM_DIRECT] = {"guanaco-stream-direct", "GUANACO_STREAM_DIRECT", OPTION_BOOL, NULL,
+                              "with direct loading into fixed slots: a prompt's streamed layers are read with O_DIRECT "
+                              "into two layer-sized anonymous buffers, held from the first prompt on, instead of "
+                              "through the page cache (default: on)"},
 };
 
 /* Another name a choice is also accepted under: "uring" was io_uring's spelling on --guanaco-io until the
@@ -157,6 +161,7 @@ static int default_value(enum option_id id) {
     case OPTION_HUGE_FOLIOS: return 1; /* Mixtral Q4_0 at 25%: see README's --guanaco-huge-folios row */
     case OPTION_OVERLAP_LAYER: return -1; /* follows the load: README's --guanaco-overlap-layer row */
     case OPTION_FIXED_SLOTS: return 1; /* README's --guanaco-fixed-slots row */
+    case OPTION_STREAM_DIRECT: return 1;
     case OPTION_STREAM_PROMPTS: return 1; /* 1024-token prompts 1.07-1.11x plain at 10-50%, 0.74-0.94x off (README) */
     case OPTION_REPACK: return GUANACO_REPACK_AUTO;
     case OPTION_PREFETCH_THROTTLE: return 1;
@@ -384,6 +389,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->overlap_layer = value[OPTION_OVERLAP_LAYER] != 0;
     out->overlap_layer_follows_load = overlap_follows_load;
     out->fixed_slots = value[OPTION_FIXED_SLOTS] != 0;
+    out->stream_direct = value[OPTION_STREAM_DIRECT] != 0;
     out->prefetch = value[OPTION_PREFETCH];
     out->prefetch_throttle = value[OPTION_PREFETCH_THROTTLE] != 0;
     out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;

@@ -69,6 +69,8 @@
 #define STREAM_SPAN_BYTES (32u << 20)
 /* The folio the huge mapping reads in: the PMD size of x86-64 and arm64 with 4 KiB pages. */
 #define HUGE_FOLIO_BYTES (2u << 20)
+/* stream_direct: the layer that computes and the one read ahead of it. */
+#define STREAM_BUFFERS 2
 /* VMAs left to the rest of the process when LOAD_DIRECT sizes its worst case against vm.max_map_count. */
 #define VMA_RESERVE 8192
 
@@ -80,6 +82,7 @@ struct tensor {
     uint64_t begin;  /* file offset of expert 0 */
     uint64_t end;    /* one past the last expert's last byte */
     uint64_t stride;
+    uint64_t stream_offset; /* stream_direct: where file byte page_down(begin) lies in a stream buffer */
     const char *mapped;
     char *arena; /* NULL: computes from the mapping */
     int (*transform)(void *context, uint32_t expert, const void *source, void *destination);
@@ -140,6 +143,20 @@ struct slot_arrival {
 
 /* A deferred call's missing expert: its reads in flight, one thread waiting and mapping it, or mapped. */
 enum expert_state { EXPERT_READING, EXPERT_SETTLING, EXPERT_SETTLED };
+
+/* stream_direct: one of the buffers a streamed layer's missing experts are read into, each tensor's experts in
+   the file's layout at its stream_offset. */
+struct stream_buffer {
+    char *at;
+    _Atomic uint32_t layer;        /* the layer it holds or is reading; UINT32_MAX: none */
+    atomic_bool serving;           /* its layer's call took it: expert_data answers from it until the next call */
+    unsigned char *has;            /* n_expert: read or being read into it, for `layer` */
+    uint32_t read_ahead_experts;   /* how many of them the read-ahead named, for the used and wasted counts */
+    struct guanaco_io_job jobs[2]; /* the read-ahead's, and the call's own for what the guess left out */
+    bool reading[2];               /* submitted, not yet waited for or cancelled */
+    struct guanaco_io_request *requests[2]; /* stream_request_capacity each */
+    size_t n_requests[2];
+};
 
 /* Victims chosen but whose pages are not dropped yet (evict_by_policy's `later`). */
 struct victim_list {
@@ -231,6 +248,15 @@ struct guanaco_residency {
     bool stream_huge;     /* the kernel takes MADV_HUGEPAGE on a file mapping: streamed runs span STREAM_SPAN_BYTES */
     bool *stream_ahead;   /* n_layer: read ahead as a streamed layer, so its call streams (huge folios) */
     bool *stream_pending; /* n_layer: a streamed call's pages, dropped with the next call's reads */
+    /* stream_direct (config): streamed calls read into two buffers instead, mapped while a prompt streams */
+    bool stream_direct;           /* in force (guanaco_residency_set_stream_direct) */
+    bool stream_direct_capable;   /* the buffers are laid out: config.stream_direct, DIRECT, slots, streaming */
+    struct stream_buffer stream_buffers[STREAM_BUFFERS];
+    char *stream_memory;          /* both buffers, 2 MiB aligned; NULL until the first streamed call */
+    uint64_t stream_memory_bytes;
+    uint64_t stream_buffer_bytes; /* the largest layer's expert tensors, each rounded out to whole pages */
+    size_t stream_request_capacity;
+    uint32_t *stream_list;        /* n_expert: scratch for the experts one fill reads */
 
     /* Demand loads in huge folios (page-cache loading): each missing slice's 2 MiB-aligned middle is read through
        its own MADV_HUGEPAGE mapping, unmapped once the call's reads are done (the same rule as streamed runs). */
@@ -397,6 +423,12 @@ static bool holds(const struct guanaco_residency *r, uint32_t layer, uint32_t e)
 static int prefetch_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int demand_huge_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
+static int stream_direct_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
+static bool stream_read_ahead(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n);
+static size_t stream_serve(struct guanaco_residency *r, uint32_t layer, size_t n);
+static void stream_buffer_stop(struct guanaco_residency *r, struct stream_buffer *b);
+static bool stream_buffers_mapped(struct guanaco_residency *r);
+static void stream_buffers_release(struct guanaco_residency *r);
 static int drop_pending(struct guanaco_residency *r, bool streamed_too);
 static int finish_deferred(struct guanaco_residency *r, bool evict);
 static void free_spares(struct guanaco_residency *r);
@@ -560,6 +592,18 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
             }
         }
     }
+    for (uint32_t b = 0; b < STREAM_BUFFERS; b++) { /* no read may land after the buffers go */
+        if (r->io) {
+            stream_buffer_stop(r, &r->stream_buffers[b]);
+        }
+        free(r->stream_buffers[b].has);
+        free(r->stream_buffers[b].requests[0]);
+        free(r->stream_buffers[b].requests[1]);
+    }
+    if (r->stream_memory) {
+        munmap(r->stream_memory, r->stream_memory_bytes);
+    }
+    free(r->stream_list);
     /* the slots, while the tables that size them are here */
     for (size_t i = 0; r->slot_copy && i < (size_t)r->n_layer * r->n_expert * r->max_tensors_in_layer; i++) {
         char *copy = atomic_load(&r->slot_copy[i]);
@@ -882,6 +926,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     err = err ? err : prefetch_create(r, config);
     err = err ? err : stream_create(r, config);
     err = err ? err : demand_huge_create(r, config);
+    err = err ? err : stream_direct_create(r, config);
     err = err ? err : create_reader(r, config);
     if (err) {
         guanaco_residency_destroy(r);
@@ -892,6 +937,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->stats.overlap_layer = r->overlap_layer;
     r->stats.stream_prompts = r->stream;
     r->stats.fixed_slots = r->slots;
+    r->stats.stream_direct = r->stream_direct;
     *out = r;
     return 0;
 }
@@ -1228,6 +1274,9 @@ static void free_spares(struct guanaco_residency *r) {
 static void set_streaming(struct guanaco_residency *r, bool streaming) {
     if (streaming && !r->streaming) {
         unmap_spares(r);
+    }
+    if (!streaming && r->streaming) {
+        stream_buffers_release(r);
     }
     r->streaming = streaming;
 }
@@ -2335,6 +2384,9 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         r->stream_ahead[layer] = true;
         set_streaming(r, true);
     }
+    if (streamed && r->stream_direct && stream_read_ahead(r, layer, experts, n_read < n ? n_read : n)) {
+        return drop_pending(r, false); /* as below: the last call's victims, while the layer computes */
+    }
     /* Room inside the budget, for decode's guesses: the policy gives up its least wanted experts, never the
        protected layer's. The victims' pages are dropped once the runs are submitted: the disk starts on them
        first. The runs' neighbours keep their shared edge pages (holds() counts runs). A streamed layer takes
@@ -2416,6 +2468,295 @@ int guanaco_residency_prefetch(struct guanaco_residency *r, uint32_t layer, cons
     r->stats.prefetch_outstanding_bytes = r->prefetch_outstanding;
     pthread_mutex_unlock(&r->lock);
     return err;
+}
+
+/* ---- stream_direct: a prompt's streamed layers read with O_DIRECT into two buffers ---- */
+
+/*
+ * Lays each layer's expert tensors out in a buffer, in the file's layout, and sizes the buffers by the largest
+ * layer. Nothing is mapped yet: a run that never streams a prompt never holds them.
+ */
+static int stream_direct_create(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
+    if (!config->stream_direct || !r->stream || !r->slots || r->load != GUANACO_RESIDENCY_LOAD_DIRECT) {
+        return 0;
+    }
+    for (uint32_t l = 0; l < r->n_layer; l++) {
+        const struct layer *layer = &r->layers[l];
+        uint64_t at = 0;
+        for (uint32_t k = 0; k < layer->n_tensors; k++) {
+            struct tensor *t = &r->tensors[layer->first_tensor + k];
+            t->stream_offset = at;
+            at += page_up(r, t->end) - page_down(r, t->begin);
+        }
+        r->stream_buffer_bytes = at > r->stream_buffer_bytes ? at : r->stream_buffer_bytes;
+    }
+    /* per tensor, each run of consecutive experts is one O_DIRECT request and perhaps one for the file's last
+       partial page; runs are at most n_expert */
+    r->stream_request_capacity = (size_t)r->max_tensors_in_layer * 2 * ((size_t)r->n_expert + 1);
+    r->stream_list = calloc(r->n_expert, sizeof(*r->stream_list));
+    if (!r->stream_list) {
+        return -ENOMEM;
+    }
+    for (uint32_t b = 0; b < STREAM_BUFFERS; b++) {
+        struct stream_buffer *buffer = &r->stream_buffers[b];
+        atomic_store(&buffer->layer, UINT32_MAX);
+        buffer->has = calloc(r->n_expert, 1);
+        buffer->requests[0] = calloc(r->stream_request_capacity, sizeof(struct guanaco_io_request));
+        buffer->requests[1] = calloc(r->stream_request_capacity, sizeof(struct guanaco_io_request));
+        if (!buffer->has || !buffer->requests[0] || !buffer->requests[1]) {
+            return -ENOMEM;
+        }
+    }
+    r->stream_direct = r->stream_direct_capable = r->stream_buffer_bytes > 0;
+    uint64_t each = (r->stream_buffer_bytes + HUGE_FOLIO_BYTES - 1) / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
+    r->stats.stream_buffer_bytes = r->stream_direct ? STREAM_BUFFERS * each : 0;
+    return 0;
+}
+
+/* The buffers, mapped at the first streamed call: 2 MiB aligned and advised MADV_HUGEPAGE, so that filling them
+   faults once per 2 MiB, and kept from then on. false (and stream_direct off) when they cannot be mapped. */
+static bool stream_buffers_mapped(struct guanaco_residency *r) {
+    if (r->stream_memory || !r->stream_direct) {
+        return r->stream_memory != NULL;
+    }
+    uint64_t each = (r->stream_buffer_bytes + HUGE_FOLIO_BYTES - 1) / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
+    uint64_t wanted = STREAM_BUFFERS * each, mapped = wanted + HUGE_FOLIO_BYTES;
+    char *at = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (at == MAP_FAILED) {
+        guanaco_log_error("residency: no memory for the stream buffers (%.2f GiB): %s; prompts stream through the "
+                          "page cache", (double)wanted / (double)(1ull << 30), strerror(errno));
+        r->stream_direct = r->stream_direct_capable = false;
+        r->stats.stream_direct = false;
+        return false;
+    }
+    char *aligned = at + (HUGE_FOLIO_BYTES - (uintptr_t)at % HUGE_FOLIO_BYTES) % HUGE_FOLIO_BYTES;
+    if (aligned > at) {
+        munmap(at, (size_t)(aligned - at));
+    }
+    if (aligned + wanted < at + mapped) {
+        munmap(aligned + wanted, (size_t)(at + mapped - (aligned + wanted)));
+    }
+    (void)madvise(aligned, wanted, MADV_HUGEPAGE); /* without it: small pages, more faults on the first fill */
+    r->stream_memory = aligned;
+    r->stream_memory_bytes = wanted;
+    for (uint32_t b = 0; b < STREAM_BUFFERS; b++) {
+        r->stream_buffers[b].at = aligned + b * each;
+    }
+    return true;
+}
+
+/* Streaming is over (a decode call): the buffers' memory goes back, and comes again with the next prompt, so that
+   decoding keeps the memory it had before the prompt. */
+static void stream_buffers_release(struct guanaco_residency *r) {
+    if (!r->stream_memory) {
+        return;
+    }
+    for (uint32_t b = 0; b < STREAM_BUFFERS; b++) {
+        stream_buffer_stop(r, &r->stream_buffers[b]);
+        r->stream_buffers[b].at = NULL;
+    }
+    munmap(r->stream_memory, r->stream_memory_bytes);
+    r->stream_memory = NULL;
+}
+
+/* Stops the buffer's reads and empties it: what a read-ahead read for no call counts as wasted. */
+static void stream_buffer_stop(struct guanaco_residency *r, struct stream_buffer *b) {
+    /* the read-ahead's bytes count as wasted read-ahead, the call's own as reads (the status line's sum) */
+    if (b->reading[0]) {
+        r->stats.prefetch_wasted_bytes += guanaco_io_cancel(r->io, &b->jobs[0]);
+        r->stats.prefetch_wasted_experts += b->read_ahead_experts;
+        b->reading[0] = false;
+    }
+    if (b->reading[1]) {
+        r->stats.bytes_read += guanaco_io_cancel(r->io, &b->jobs[1]);
+        b->reading[1] = false;
+    }
+    b->read_ahead_experts = 0;
+    atomic_store(&b->serving, false);
+    atomic_store(&b->layer, UINT32_MAX);
+    if (b->has) {
+        memset(b->has, 0, r->n_expert);
+    }
+}
+
+/* The buffer for `layer`: the one that holds it, else one whose layer has computed (not serving), emptied. NULL
+   when the one that holds it serves (a read-ahead of the layer computing now). */
+static struct stream_buffer *stream_buffer_for(struct guanaco_residency *r, uint32_t layer) {
+    for (uint32_t b = 0; b < STREAM_BUFFERS; b++) {
+        if (atomic_load(&r->stream_buffers[b].layer) == layer) {
+            return atomic_load(&r->stream_buffers[b].serving) ? NULL : &r->stream_buffers[b];
+        }
+    }
+    for (uint32_t b = 0; b < STREAM_BUFFERS; b++) {
+        struct stream_buffer *buffer = &r->stream_buffers[b];
+        if (!atomic_load(&buffer->serving)) {
+            stream_buffer_stop(r, buffer);
+            atomic_store(&buffer->layer, layer);
+            return buffer;
+        }
+    }
+    return NULL;
+}
+
+/* Requests for experts list[0...n) (ascending) of `layer` into b, at out[0...]: per tensor each run of
+   consecutive experts as one request of its pages rounded outward, with O_DIRECT (io cuts it into chunks), and
+   the file's last partial page, which O_DIRECT cannot end on, buffered. Returns the count. */
+static size_t stream_requests(struct guanaco_residency *r, const struct stream_buffer *b, uint32_t layer,
+                              const uint32_t *list, size_t n, struct guanaco_io_request *out) {
+    const struct layer *l = &r->layers[layer];
+    size_t count = 0;
+    for (uint32_t k = 0; k < l->n_tensors; k++) {
+        const struct tensor *t = &r->tensors[l->first_tensor + k];
+        char *origin = b->at + t->stream_offset; /* file byte page_down(t->begin) */
+        const uint64_t first_page = page_down(r, t->begin);
+        for (size_t i = 0; i < n;) {
+            size_t j = i + 1;
+            while (j < n && list[j] == list[j - 1] + 1) {
+                j++;
+            }
+            uint64_t a = page_down(r, t->begin + (uint64_t)list[i] * t->stride);
+            uint64_t end = t->begin + (uint64_t)(list[j - 1] + 1) * t->stride;
+            uint64_t direct_end = page_up(r, end);
+            if (direct_end > (uint64_t)r->shards[t->shard].size) {
+                direct_end = page_down(r, end);
+            }
+            if (direct_end > a) {
+                out[count++] = (struct guanaco_io_request){.fd = t->direct_fd, .offset = a, .length = direct_end - a,
+                                                           .destination = origin + (a - first_page)};
+            }
+            uint64_t tail = direct_end > a ? direct_end : a;
+            if (tail < end) {
+                out[count++] = (struct guanaco_io_request){.fd = t->fd, .offset = tail, .length = end - tail,
+                                                           .destination = origin + (tail - first_page)};
+            }
+            i = j;
+        }
+    }
+    return count;
+}
+
+/* Reads list[0...n) into b, as job j (the call's own is urgent). */
+static void stream_submit(struct guanaco_residency *r, struct stream_buffer *b, int j, uint32_t layer, size_t n) {
+    qsort(r->stream_list, n, sizeof(*r->stream_list), compare_u32);
+    b->n_requests[j] = stream_requests(r, b, layer, r->stream_list, n, b->requests[j]);
+    (void)guanaco_io_submit(r->io, &b->jobs[j], b->requests[j], b->n_requests[j], j == 1);
+    b->reading[j] = true;
+}
+
+/* A streamed layer's read-ahead (prefetch_locked): the named experts that are not held, into a buffer. false when
+   the buffers cannot be had: the page cache reads it ahead instead. */
+static bool stream_read_ahead(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n) {
+    if (r->shared || !stream_buffers_mapped(r)) {
+        return false;
+    }
+    struct stream_buffer *b = stream_buffer_for(r, layer);
+    if (!b || b->reading[0]) {
+        return true; /* it computes now, or is being read ahead already */
+    }
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = experts[i];
+        if (e < r->n_expert && !b->has[e] && !holds(r, layer, e)) {
+            b->has[e] = 1;
+            r->stream_list[count++] = e;
+        }
+    }
+    if (count) {
+        stream_submit(r, b, 0, layer, count);
+        b->read_ahead_experts += (uint32_t)count;
+        r->stats.prefetch_issued_experts += count;
+        r->stats.prefetch_issued_bytes += count * r->layers[layer].expert_bytes;
+    }
+    return true;
+}
+
+/* Waits for b's job j; the call's own bytes (j 1) are counted as read, the read-ahead's as used or wasted by the
+   caller. 0 or the first failed request's error (logged). */
+static int stream_wait(struct guanaco_residency *r, struct stream_buffer *b, int j, uint32_t layer) {
+    if (!b->reading[j]) {
+        return 0;
+    }
+    int err = guanaco_io_wait(r->io, &b->jobs[j]);
+    b->reading[j] = false;
+    bool logged = false;
+    for (size_t q = 0; q < b->n_requests[j]; q++) {
+        const struct guanaco_io_request *req = &b->requests[j][q];
+        if (req->result == 0) {
+            r->stats.bytes_read += j == 1 ? req->length : 0;
+        } else if (!logged) {
+            guanaco_log_error("residency: cannot read layer %u into a stream buffer (%s, bytes %llu..%llu): %s; its "
+                              "experts are read through the page cache", layer, shard_name(r, req->fd),
+                              (unsigned long long)req->offset, (unsigned long long)(req->offset + req->length),
+                              strerror(-req->result));
+            logged = true;
+        }
+    }
+    return err;
+}
+
+/*
+ * A streamed call's missing experts, r->missing[0...n), from a buffer: what the read-ahead did not name is read
+ * now, then the call waits for every read of the buffer. From here to the next call MUL_MAT_ID computes them from
+ * it (guanaco_residency_expert_data). Returns n, or 0 when a read failed: the caller reads them through the page
+ * cache instead, whose errors reach the call.
+ */
+static size_t stream_serve(struct guanaco_residency *r, uint32_t layer, size_t n) {
+    if (r->shared || !stream_buffers_mapped(r)) {
+        return 0;
+    }
+    struct stream_buffer *b = stream_buffer_for(r, layer);
+    if (!b) {
+        return 0; /* cannot happen: no buffer serves during a call */
+    }
+    size_t extra = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!b->has[r->missing[i]]) {
+            b->has[r->missing[i]] = 1;
+            r->stream_list[extra++] = r->missing[i];
+        }
+    }
+    const bool landed = !b->reading[0] || guanaco_io_poll(r->io, &b->jobs[0]);
+    if (extra) {
+        stream_submit(r, b, 1, layer, extra);
+    }
+    uint64_t wait_start = guanaco_now_ns();
+    int err = stream_wait(r, b, 0, layer);
+    r->stats.prefetch_wait_ns += guanaco_now_ns() - wait_start;
+    int extra_err = stream_wait(r, b, 1, layer);
+    r->stats.read_ns += guanaco_now_ns() - wait_start;
+    if (err || extra_err) {
+        r->stats.prefetch_wasted_experts += b->read_ahead_experts;
+        r->stats.prefetch_wasted_bytes += (uint64_t)b->read_ahead_experts * r->layers[layer].expert_bytes;
+        b->read_ahead_experts = 0;
+        stream_buffer_stop(r, b);
+        return 0;
+    }
+    const uint64_t expert_bytes = r->layers[layer].expert_bytes;
+    size_t used = n - extra < b->read_ahead_experts ? n - extra : b->read_ahead_experts;
+    r->stats.prefetch_used_experts += used;
+    r->stats.prefetch_used_bytes += used * expert_bytes;
+    r->stats.prefetch_hidden_bytes += landed ? used * expert_bytes : 0;
+    r->stats.prefetch_wasted_experts += b->read_ahead_experts - used;
+    r->stats.prefetch_wasted_bytes += (uint64_t)(b->read_ahead_experts - used) * expert_bytes;
+    b->read_ahead_experts = 0;
+    r->stats.expert_loads += n;
+    r->stats.streamed_bytes += n * expert_bytes;
+    r->stats.streamed_direct_bytes += n * expert_bytes;
+    atomic_store_explicit(&b->serving, true, memory_order_release);
+    return n;
+}
+
+/* Where expert e of t lies in the buffer that serves t's layer, or NULL. Without the lock (expert_data): a
+   buffer's contents and marks change only in a call, never while its layer computes. */
+static const char *stream_address(const struct guanaco_residency *r, const struct tensor *t, uint32_t e) {
+    for (uint32_t b = 0; b < STREAM_BUFFERS; b++) {
+        const struct stream_buffer *buffer = &r->stream_buffers[b];
+        if (atomic_load_explicit(&buffer->serving, memory_order_acquire) && atomic_load(&buffer->layer) == t->layer &&
+            buffer->has[e]) {
+            return buffer->at + t->stream_offset + (t->begin + (uint64_t)e * t->stride - page_down(r, t->begin));
+        }
+    }
+    return NULL;
 }
 
 /* ---- one call ---- */
@@ -2616,7 +2957,7 @@ bool guanaco_residency_expert_data(struct guanaco_residency *r, const void *weig
     if (t) {
         const char *slot = atomic_load(&r->slot_copy[slot_index(r, t, expert)]);
         uint64_t a = t->begin + (uint64_t)expert * t->stride;
-        *data = slot ? slot + (a - page_down(r, a)) : NULL;
+        *data = slot ? slot + (a - page_down(r, a)) : r->stream_direct ? stream_address(r, t, expert) : NULL;
     }
     return true;
 }
@@ -2648,6 +2989,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     const bool evict_last = atomic_load(&r->deferred_active);
     const uint64_t last_token = r->deferred.token;
     int deferred_error = finish_deferred(r, false);
+    for (uint32_t b = 0; r->stream_direct && b < STREAM_BUFFERS; b++) {
+        atomic_store(&r->stream_buffers[b].serving, false); /* the last layer has computed */
+    }
     if (r->n_retired && !r->shared) {
         unmap_retired(r); /* one context, between its matmuls: no one computes from them */
     }
@@ -2715,8 +3059,10 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     }
     /* DIRECT's copies enter the resident set; a streamed call's reads are the file's pages, dropped after it */
     const bool direct = r->load == GUANACO_RESIDENCY_LOAD_DIRECT && !stream;
-    size_t n_requests = n_missing ? submit_demand(r, layer, n_missing, direct, &job) : 0;
-    size_t n_demand = n_missing;
+    /* stream_direct: a streamed call's missing experts come from a stream buffer (stream_serve, below) */
+    const bool buffered = stream && r->stream_direct && !r->shared;
+    size_t n_requests = n_missing && !buffered ? submit_demand(r, layer, n_missing, direct, &job) : 0;
+    size_t n_demand = buffered ? 0 : n_missing;
     pending_error = drop_pending(r, true); /* this call's experts are held by now; the last layer has computed */
     if (evict_last) {
         /* a call that defers drops them while its matmuls wait for the disk (settle_expert), else at its end */
@@ -2725,6 +3071,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     }
     pending_error = deferred_error ? deferred_error : pending_error;
     (void)claim_prefetch(r, layer, call, stream, &n_missing);
+    if (buffered && n_missing && stream_serve(r, layer, n_missing) == n_missing) {
+        n_missing = 0;
+    }
     if (defers(r, stream) && n_demand && n_missing == n_demand) {
         r->deferred = (struct deferred_call){.layer = layer, .n_missing = n_demand,
                                              .n_distinct = n_distinct, .n_requests = n_requests, .token = token,
@@ -3071,7 +3420,21 @@ void guanaco_residency_set_shared(struct guanaco_residency *r, bool shared) {
     r->shared = shared;
     if (shared) {
         unmap_spares(r); /* place_slot moves a spare's pages into the mapping, which a pool's slot cannot lend */
+        for (uint32_t b = 0; r->stream_direct && b < STREAM_BUFFERS; b++) {
+            stream_buffer_stop(r, &r->stream_buffers[b]); /* contexts would compute different layers from them */
+        }
     }
+    pthread_mutex_unlock(&r->lock);
+}
+
+void guanaco_residency_set_stream_direct(struct guanaco_residency *r, bool on) {
+    if (!r) {
+        return;
+    }
+    pthread_mutex_lock(&r->lock);
+    stream_buffers_release(r); /* between graphs: no layer computes from them */
+    r->stream_direct = on && r->stream_direct_capable;
+    r->stats.stream_direct = r->stream_direct;
     pthread_mutex_unlock(&r->lock);
 }
 

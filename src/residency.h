@@ -27,7 +27,10 @@
  * eviction, so the peak is max(budget, W) + W with W the largest layer's
  * working set: budget + W whenever the budget holds one working set. A
  * prompt's read-ahead of the next layer (streamed, below) adds one more W of
- * page cache while the current one computes. Page
+ * page cache while the current one computes; with stream_direct both Ws are
+ * anonymous instead (two buffers of the largest layer's expert tensors, held
+ * from a prompt's first streamed call to the next call that does not stream),
+ * and direct loading's spares are given back meanwhile. Page
  * rounding adds at most 2 pages per resident slice, plus the 2 pages per
  * expert tensor above. PAGE_CACHE reads have no destination: the kernel
  * fills the page cache directly (POSIX_FADV_WILLNEED, no copy through user
@@ -182,6 +185,14 @@ struct guanaco_residency_config {
        With several contexts (set_shared) new copies go into the mapping as without slots, and an evicted slot
        gets the file's bytes mapped over it until one context is left. */
     bool fixed_slots;
+    /* DIRECT with fixed_slots and stream_prompts: a streamed layer's missing experts are read with O_DIRECT into
+       one of two layer-sized anonymous buffers (the layer that computes and the one read ahead), in the file's
+       layout, and guanaco_residency_expert_data hands MUL_MAT_ID their addresses there. Through the page cache
+       each streamed page was mapped afresh, and its first read cost about 1 us more than a page that stays
+       mapped on a guest with shadow page tables (bench/PIPELINE.md). The buffers are allocated at the first
+       streamed call and kept (given back they would cost that first read again): 2 W of anonymous memory in
+       place of the 2 W of page cache above. Not with several contexts (set_shared): page cache as before. */
+    bool stream_direct;
 };
 
 struct guanaco_residency_stats {
@@ -210,6 +221,8 @@ struct guanaco_residency_stats {
     uint64_t prediction_checked, predicted_needed; /* distinct experts of predicted calls, and how many were named */
     uint64_t streamed_bytes;        /* loaded for a streamed call and dropped after it (inside the loads) */
     uint64_t streamed_huge_bytes;   /* read ahead for streamed calls through the MADV_HUGEPAGE mapping */
+    uint64_t streamed_direct_bytes; /* streamed calls' experts read with O_DIRECT into the stream buffers */
+    uint64_t stream_buffer_bytes;   /* the stream buffers' memory (stream_direct), held while a prompt streams */
     uint64_t loaded_huge_bytes;     /* demand loads' bytes read through the MADV_HUGEPAGE mapping */
     uint64_t spare_reused_bytes;    /* DIRECT copies read into an evicted copy's pages (spares), not into fresh
                                        ones the kernel allocates and zeroes */
@@ -222,6 +235,7 @@ struct guanaco_residency_stats {
     bool overlap_layer;               /* in force: config.overlap_layer */
     bool stream_prompts;              /* in force: config.stream_prompts, where arenas allow */
     bool fixed_slots;                 /* in force: config.fixed_slots, where DIRECT and overlap_layer are */
+    bool stream_direct;               /* in force: config.stream_direct, where fixed slots and streaming are */
 };
 
 struct guanaco_residency;
@@ -362,6 +376,10 @@ void guanaco_residency_seed_policy(struct guanaco_residency *r, uint32_t layer, 
  * reading there. Takes the lock, so no eviction is under way when it returns.
  */
 void guanaco_residency_set_shared(struct guanaco_residency *r, bool shared);
+
+/* Turns stream_direct on (where create laid the buffers out) or off, from the next call on: the engine's rule
+   of whether the buffers fit in memory (budget.h). Call it between graphs. */
+void guanaco_residency_set_stream_direct(struct guanaco_residency *r, bool on);
 
 /* Changes the budget (and the read-ahead allowance, half of it, when read-ahead is on). Nothing is
    evicted now: the next prepare_layer brings the resident bytes under it. */

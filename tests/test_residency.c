@@ -256,6 +256,128 @@ static struct guanaco_residency_config config_of(const struct model *m, uint64_t
     };
 }
 
+/* Whether expert e of `layer` is served right from a stream buffer: every tensor's slice answers outside the file's
+   mapping, with the file's bytes. */
+static bool served_from_buffer(const struct model *m, struct guanaco_residency *r, uint32_t layer, uint32_t e) {
+    bool right = true;
+    for (uint32_t t = 0; t < m->tensors_in_layer[layer]; t++) {
+        const void *data = NULL;
+        uint64_t a = slice_begin(m, layer, t, e);
+        right = right && guanaco_residency_expert_data(r, m->map + m->offset[layer][t], e, true, &data) && data &&
+                ((const char *)data < m->map || (const char *)data >= m->map + m->size) &&
+                memcmp(data, expected_content + a, stride_of_tensor[t]) == 0;
+    }
+    return right;
+}
+
+/* Whether any page inside expert e's slices of `layer` is in the page cache. */
+static bool expert_in_page_cache(const struct model *m, uint32_t layer, uint32_t e) {
+    bool any = false;
+    for (uint32_t t = 0; t < m->tensors_in_layer[layer] && !any; t++) {
+        uint64_t a = page_up(slice_begin(m, layer, t, e)), b = page_down(slice_begin(m, layer, t, e + 1));
+        if (a >= b) {
+            continue;
+        }
+        unsigned char vec[64];
+        size_t pages = (size_t)((b - a) / P);
+        for (size_t at = 0; at < pages && !any; at += sizeof(vec)) {
+            size_t n = pages - at < sizeof(vec) ? pages - at : sizeof(vec);
+            CHECK(mincore((void *)(uintptr_t)(m->map2 + a + at * P), n * P, vec) == 0);
+            for (size_t i = 0; i < n; i++) {
+                any = any || (vec[i] & 1);
+            }
+        }
+    }
+    return any;
+}
+
+/*
+ * stream_direct: a prompt's calls read their missing experts with O_DIRECT into the stream buffers, and
+ * MUL_MAT_ID finds them there with the file's bytes; the page cache holds none of them. The next layer's
+ * read-ahead lands in the other buffer while a layer computes, without touching the computing one. When a read
+ * fails, the call reads through the page cache instead and succeeds; a buffer serves only its own call.
+ */
+static void test_stream_direct(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    uint64_t budget = EXPERT_BYTES * 3;
+    struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
+    config.stream_prompts = true;
+    config.stream_direct = true;
+    config.prefetch_bytes = EXPERT_BYTES * N_EXPERT;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    int32_t ids[N_EXPERT];
+    uint32_t named[N_EXPERT];
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        ids[e] = (int32_t)e;
+        named[e] = e;
+    }
+    const uint32_t first = 0, second = 1;
+    /* a resident expert first: a prompt's call hits it in its slot, and streams the rest */
+    CHECK(guanaco_residency_prepare_layer(r, first, ids + 5, 1, 0) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    CHECK(guanaco_residency_prepare_layer(r, first, ids, N_EXPERT, 1) == 0);
+    bool all_served = true, none_cached = true;
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        if (e != 5) {
+            all_served = all_served && served_from_buffer(m, r, first, e);
+            none_cached = none_cached && !expert_in_page_cache(m, first, e);
+        }
+    }
+    const void *slot = NULL;
+    CHECK(guanaco_residency_expert_data(r, m->map + m->offset[first][0], 5, true, &slot) && slot);
+    /* the next layer is read ahead while this one computes: the computing buffer keeps its bytes */
+    CHECK(guanaco_residency_prefetch(r, second, named, N_EXPERT, N_EXPERT, first, 1) == 0);
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        all_served = all_served && (e == 5 || served_from_buffer(m, r, first, e));
+    }
+    CHECK(guanaco_residency_prepare_layer(r, second, ids, N_EXPERT, 1) == 0);
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        all_served = all_served && served_from_buffer(m, r, second, e);
+        none_cached = none_cached && !expert_in_page_cache(m, second, e);
+    }
+    CHECK(all_served);
+    CHECK(none_cached);
+    /* the first layer's buffer serves no more: its experts answer from the mapping (or a slot) */
+    const void *data = m->map;
+    CHECK(guanaco_residency_expert_data(r, m->map + m->offset[first][0], 7, true, &data) && data == NULL);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.stream_direct && st.stream_buffer_bytes >= 2 * EXPERT_BYTES * N_EXPERT);
+    CHECK(st.streamed_direct_bytes == (2 * N_EXPERT - 1) * EXPERT_BYTES);
+    CHECK(st.prefetch_used_experts == N_EXPERT && st.load_failures == 0);
+    CHECK(st.resident_bytes <= budget);
+
+    /* a read that fails: the call reads its experts through the page cache instead, and they compute from there */
+    uint32_t third = second + 1;
+    while (third < m->n_layer && !is_moe(m, third)) {
+        third++;
+    }
+    guanaco_residency_inject_io_fault(r, EXPERT_BYTES, -EIO);
+    CHECK(guanaco_residency_prepare_layer(r, third, ids, N_EXPERT, 2) == 0);
+    bool from_mapping = true;
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        for (uint32_t t = 0; t < m->tensors_in_layer[third]; t++) {
+            data = m->map;
+            uint64_t a = slice_begin(m, third, t, e);
+            from_mapping = from_mapping &&
+                           guanaco_residency_expert_data(r, m->map + m->offset[third][t], e, true, &data) &&
+                           (data == NULL || guanaco_residency_is_resident(r, third, e)) &&
+                           memcmp(m->map + a, expected_content + a, stride_of_tensor[t]) == 0;
+        }
+    }
+    CHECK(from_mapping);
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.load_failures == 0 && st.streamed_direct_bytes == (2 * N_EXPERT - 1) * EXPERT_BYTES);
+    printf("  %-8s stream buffers: %.1f MB streamed with O_DIRECT, none of it in the page cache; a failed read "
+           "streams through the page cache\n",
+           guanaco_io_backend_name(io), (double)st.streamed_direct_bytes / 1e6);
+    guanaco_residency_destroy(r);
+}
+
 /* ---- the page-by-page verification ---- */
 
 enum { PAGE_UNCHECKED, PAGE_RESIDENT, PAGE_ABSENT, PAGE_EITHER };
@@ -2430,6 +2552,7 @@ int main(void) {
             test_graph_overlap(&m, io);
             test_deferred_hits_stay(&m, io);
             test_slots_shared(&m, io);
+            test_stream_direct(&m, io);
             test_arena_slots(&m, io);
             test_arena_slot_faults(&m, io);
             fixed_slots = false;

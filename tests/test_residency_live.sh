@@ -46,7 +46,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                "lru io_uring 3M page-cache throttled-gate --gen-tokens 40" \
                "layer-lru io_uring 3M direct pilot+repack=on" "lru threads 2M page-cache none+repack=off" \
                "layer-lru io_uring 4M page-cache pilot+stream --ubatch 16" "guanaco threads 3M page-cache gate+stream" \
-               "lru threads 2M direct pilot+stream --ubatch 16" \
+               "lru threads 2M direct pilot+stream --ubatch 16" "guanaco io_uring 3M direct gate+stream+sdirect=off" \
                "lru io_uring 3M page-cache pilot+nostream --ubatch 16" \
                "layer-lru threads 3M page-cache pilot+overlap=off --ubatch 16"; do
         set -- $run
@@ -55,19 +55,21 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
         # starts off, tries read-ahead in its third epoch of 4 tokens and again at most one epoch in 8)
         # X+repack=Y: --guanaco-repack Y (the default is auto)
         # X+stream: --guanaco-stream-prompts on (the default), checked to stream (direct loading too: its prompts
-        # read through the page cache, its decode into copies); X+nostream: off
+        # read into the stream buffers with O_DIRECT, or with X+sdirect=off through the page cache, its decode
+        # into slots); X+nostream: off
         # X+slots=off: --guanaco-fixed-slots off (direct loading places its copies in the mapping; the others
         # compute each expert from its slot)
         # X+overlap=off: --guanaco-overlap-layer off (the default: every call maps its reads before the layer
         # computes); the others run with it on, so the logits are checked both ways, for page-cache loading
         # (the matmuls fault the pages in) and direct loading (MUL_MAT_ID asks for each expert)
-        throttle=off predictor=${5%%+*} repack=auto stream=default overlap=on slots=on
+        throttle=off predictor=${5%%+*} repack=auto stream=default overlap=on slots=on sdirect=on
+        [ "${5#*+sdirect=}" != "$5" ] && sdirect=${5#*+sdirect=}
         [ "${5#*+slots=}" != "$5" ] && slots=${5#*+slots=}
         [ "${5#*+repack=}" != "$5" ] && repack=${5#*+repack=}
         [ "${5#*+stream}" != "$5" ] && stream=on
         [ "${5#*+nostream}" != "$5" ] && stream=off
         [ "${5#*+overlap=}" != "$5" ] && overlap=${5#*+overlap=}
-        stream_env=(GUANACO_OVERLAP_LAYER=$overlap GUANACO_FIXED_SLOTS=$slots)
+        stream_env=(GUANACO_OVERLAP_LAYER=$overlap GUANACO_FIXED_SLOTS=$slots GUANACO_STREAM_DIRECT=$sdirect)
         [ $stream = default ] || stream_env+=(GUANACO_STREAM_PROMPTS=$stream)
         [ "${predictor#throttled-}" != "$predictor" ] && throttle=on predictor=${predictor#throttled-}
         GUANACO_STREAMING=1 GUANACO_POLICY=$1 GUANACO_IO=$2 GUANACO_RAM=$3 GUANACO_MAX_EXPERTS=6 GUANACO_LOAD=$4 \
@@ -124,6 +126,13 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
             grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'streamed [0-9.]* MiB' |
                 awk '{ s += $2 } END { exit !(s > 0) }'
             check "$arch $quant: $name streamed its prompt" $? "$(grep -o 'streamed [^)]*)' "$W/$arch.$name.log" | tail -2)"
+            if [ "$4" = direct ] && [ $slots = on ] && [ $overlap = on ] && [ "$repack" != on ]; then
+                # into the stream buffers with O_DIRECT, unless told not to
+                grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -oE '[0-9.]+ read direct into the stream' |
+                    awk -v on=$([ $sdirect = on ] && echo 1 || echo 0) '{ s += $1 } END { exit !(NR > 0 && (s > 0) == on) }'
+                check "$arch $quant: $name streamed into the stream buffers: $sdirect" $? \
+                    "$(grep -o 'streamed [^)]*)' "$W/$arch.$name.log" | tail -2)"
+            fi
         elif [ $stream = off ]; then
             grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'streamed [0-9.]* MiB' |
                 awk '{ s += $2 } END { exit !(NR > 0 && s == 0) }'

@@ -515,6 +515,14 @@ static void test_budget(void) {
     /* too little memory: the floor of a quarter layer's experts */
     guanaco_auto_budget(1ull << 30, &m, 0, false, false, &auto_budget);
     CHECK(auto_budget.at_floor && auto_budget.budget == (8ull << 30) / 4 / 4);
+    /* the stream buffers fit where memory holds the non-expert weights, the budget, the contexts and them; before
+       the contexts are known, the load-time margin (1 GiB + 10%) stands in for them */
+    const uint64_t gib = 1ull << 30;
+    CHECK(guanaco_stream_buffers_fit(6 * gib, gib, 2 * gib, (int64_t)gib, true, 2 * gib));
+    CHECK(!guanaco_stream_buffers_fit(6 * gib, gib, 2 * gib, (int64_t)gib + 1, true, 2 * gib));
+    CHECK(!guanaco_stream_buffers_fit(6 * gib, gib, 2 * gib, 0, false, 2 * gib));
+    CHECK(guanaco_stream_buffers_fit(7 * gib, gib, 2 * gib, 0, false, 2 * gib));
+    CHECK(!guanaco_stream_buffers_fit(gib, 2 * gib, gib, 0, true, 1)); /* nothing left at all */
     /* the preload share: whole experts in proportion to the budget, capped by n_expert and max_per_layer */
     CHECK(guanaco_preload_count(2ull << 30, 8ull << 30, 8, 0) == 2);
     CHECK(guanaco_preload_count(16ull << 30, 8ull << 30, 8, 0) == 8);
