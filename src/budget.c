@@ -56,14 +56,14 @@ void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int6
     out->budget = out->at_floor ? floor : budget;
 }
 
-bool guanaco_stream_buffers_fit(uint64_t memory, uint64_t non_expert_bytes, uint64_t budget, int64_t context_bytes,
-                                bool contexts_known, uint64_t buffer_bytes) {
+bool guanaco_stream_buffers_fit(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
+                                int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes) {
     /* Spares are given back while a prompt streams, and the non-expert weights' page cache is the slack that
        page-cache streaming lived in too: no margin beyond the contexts' own buffers. */
     uint64_t contexts = !contexts_known ? MARGIN_UNKNOWN_BYTES + (uint64_t)((double)memory * MARGIN_UNKNOWN_SHARE)
                         : context_bytes > 0 ? (uint64_t)context_bytes
                                             : 0;
-    uint64_t taken = non_expert_bytes + budget + contexts;
+    uint64_t taken = hot_non_expert_bytes + budget + contexts;
     return memory > taken && memory - taken >= buffer_bytes;
 }
 

@@ -33,11 +33,12 @@ double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_by
 
 
 /* Whether a prompt's stream buffers (--guanaco-stream-direct: anonymous memory, held while a prompt streams)
-   fit in `memory` beside the non-expert weights, the budget and the contexts' buffers. Before any context
-   exists (contexts_known false) the load-time margin stands in for them. Their memory takes the place of the
-   page cache a prompt streamed through, which the kernel could reclaim; this memory it cannot. */
-bool guanaco_stream_buffers_fit(uint64_t memory, uint64_t non_expert_bytes, uint64_t budget, int64_t context_bytes,
-                                bool contexts_known, uint64_t buffer_bytes);
+   fit in `memory` beside the non-expert weights a ubatch reads (hot_non_expert_bytes: the engine leaves out
+   the token embedding's, of which a prompt reads its own rows only), the budget and the contexts' buffers.
+   Before any context exists (contexts_known false) the load-time margin stands in for them. Their memory takes
+   the place of the page cache a prompt streamed through, which the kernel could reclaim; this it cannot. */
+bool guanaco_stream_buffers_fit(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
+                                int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes);
 
 /* The most bytes of evicted copies direct loading keeps for the next reads, beyond the budget: an eighth of
    it, at least 64 MiB. Anonymous memory the kernel cannot reclaim, so --guanaco-ram auto counts it. */

@@ -356,20 +356,25 @@ static void choose_stream_direct(struct guanaco_engine *engine, bool contexts_kn
     }
     const struct guanaco_manifest *m = &engine->manifest;
     int64_t contexts = atomic_load(&engine->context_bytes);
+    /* the embedding's rows that no token uses are cold: the kernel may take their pages back at no cost */
+    const uint64_t hot_non_expert = m->total_bytes - m->expert_bytes - m->cold_embedding_bytes;
     bool fit = !engine->process_memory ||
-               guanaco_stream_buffers_fit(engine->process_memory, m->total_bytes - m->expert_bytes, engine->budget_bytes,
-                                          contexts, contexts_known, st.stream_buffer_bytes);
+               guanaco_stream_buffers_fit(engine->process_memory, hot_non_expert, engine->budget_bytes, contexts,
+                                          contexts_known, st.stream_buffer_bytes);
     guanaco_residency_set_stream_direct(engine->residency, fit);
-    if ((fit == st.stream_direct && contexts_known) || (!fit && !contexts_known)) {
-        return; /* unchanged, or not decided until the contexts' buffers are known */
+    if (!contexts_known || (int)fit == engine->stream_direct_told) {
+        return; /* not decided until the contexts' buffers are known, or said already */
     }
+    engine->stream_direct_told = fit;
     if (fit) {
         guanaco_log_info("prompts stream with O_DIRECT into two layer buffers, %.2f GiB in all while a prompt streams",
                          gib(st.stream_buffer_bytes));
     } else {
         guanaco_log_info("prompts stream through the page cache: the O_DIRECT stream buffers (%.2f GiB) do not fit in "
-                         "%.2f GiB beside the non-expert weights, the budget and the contexts' buffers",
-                         gib(st.stream_buffer_bytes), gib(engine->process_memory));
+                         "%.2f GiB beside the non-expert weights (%.2f GiB without the token embedding's), the "
+                         "budget (%.2f GiB) and the contexts' buffers (%.2f GiB)",
+                         gib(st.stream_buffer_bytes), gib(engine->process_memory), gib(hot_non_expert),
+                         gib(engine->budget_bytes), gib((uint64_t)(contexts > 0 ? contexts : 0)));
     }
 }
 
@@ -668,6 +673,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     bool is_limit = false;
     engine->process_memory = process_memory(&is_limit);
     engine->budget_bytes = budget;
+    engine->stream_direct_told = -1;
     const bool everything_fits = budget >= m->expert_bytes && (!o->max_experts || o->max_experts >= (uint32_t)m->n_expert);
     /* Each layer's tensors in the order its matmuls run, so that --guanaco-overlap-layer reads them so */
     for (size_t step = 0; step < COMPUTE_RANKS * m->n_tensors; step++) {

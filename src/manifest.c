@@ -193,7 +193,7 @@ static int check_moe_keys(const char *path, const struct model_keys *keys, int m
 /* Adds the expert tensors of one shard; checks every tensor's bytes lie inside the file. */
 static int add_shard_tensors(struct gguf_context *gguf, struct ggml_context *meta, int shard,
                              const struct model_keys *keys, struct guanaco_manifest *out, size_t *capacity,
-                             int *max_block) {
+                             int *max_block, bool *has_output) {
     const char *path = out->shard_paths[shard];
     uint64_t data_offset = gguf_get_data_offset(gguf);
     int64_t n = gguf_get_n_tensors(gguf);
@@ -208,6 +208,10 @@ static int add_shard_tensors(struct gguf_context *gguf, struct ggml_context *met
             return -EIO;
         }
         out->total_bytes += nbytes;
+        if (strcmp(name, "token_embd.weight") == 0) {
+            out->cold_embedding_bytes = nbytes; /* zeroed below when no output.weight takes the output's part */
+        }
+        *has_output = *has_output || strcmp(name, "output.weight") == 0;
         char *end = NULL;
         long block = strncmp(name, "blk.", 4) == 0 ? strtol(name + 4, &end, 10) : -1;
         if (block >= 0 && block <= 1000000 && end != name + 4 && *end == '.' && block > *max_block) {
@@ -281,6 +285,7 @@ int guanaco_manifest_load(const char *path, const char *const *split_paths, size
     out->n_shards = (int)n_shards;
     size_t capacity = 0;
     int err = 0, max_block = -1;
+    bool has_output = false;
     struct model_keys keys;
     memset(&keys, 0, sizeof(keys));
     for (size_t s = 0; s < n_shards && err == 0; s++) {
@@ -296,7 +301,7 @@ int guanaco_manifest_load(const char *path, const char *const *split_paths, size
             err = read_model_keys(gguf, out->shard_paths[s], out, &keys);
         }
         if (err == 0) {
-            err = add_shard_tensors(gguf, meta, (int)s, &keys, out, &capacity, &max_block);
+            err = add_shard_tensors(gguf, meta, (int)s, &keys, out, &capacity, &max_block, &has_output);
         }
         if (meta) {
             ggml_free(meta);
@@ -307,6 +312,9 @@ int guanaco_manifest_load(const char *path, const char *const *split_paths, size
     }
     if (err == 0 && out->n_tensors > 0) {
         err = check_moe_keys(out->shard_paths[0], &keys, max_block, out);
+    }
+    if (!has_output) {
+        out->cold_embedding_bytes = 0; /* tied: the embedding is the output matrix too */
     }
     if (err != 0) {
         guanaco_manifest_free(out);

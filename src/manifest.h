@@ -40,6 +40,10 @@ struct guanaco_manifest {
     size_t n_tensors;
     uint64_t expert_bytes;  /* sum of nbytes over expert tensors */
     uint64_t total_bytes;   /* sum of all tensor bytes */
+    /* token_embd.weight where the model has its own output.weight: a prompt reads only its tokens' rows, so the
+       rest may leave the page cache at no cost (the stream buffers' rule, budget.h); 0 where the embedding is
+       also the output matrix, which every ubatch reads whole */
+    uint64_t cold_embedding_bytes;
 };
 
 /*

@@ -127,8 +127,8 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                        "(default: auto, measured; --no-repack turns it off)"},
     [OPTION_STREAM_DIRECT] = {"guanaco-stream-direct", "GUANACO_STREAM_DIRECT", OPTION_BOOL, NULL,
                               "with direct loading into fixed slots: a prompt's streamed layers are read with O_DIRECT "
-                              "into two layer-sized anonymous buffers, held from the first prompt on, instead of "
-                              "through the page cache (default: on)"},
+                              "into two layer-sized anonymous buffers, held while the prompt streams, instead of "
+                              "through the page cache, where they fit in memory beside the budget (default: on)"},
 };
 
 /* Another name a choice is also accepted under: "uring" was io_uring's spelling on --guanaco-io until the

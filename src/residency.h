@@ -189,9 +189,11 @@ struct guanaco_residency_config {
        one of two layer-sized anonymous buffers (the layer that computes and the one read ahead), in the file's
        layout, and guanaco_residency_expert_data hands MUL_MAT_ID their addresses there. Through the page cache
        each streamed page was mapped afresh, and its first read cost about 1 us more than a page that stays
-       mapped on a guest with shadow page tables (bench/PIPELINE.md). The buffers are allocated at the first
-       streamed call and kept (given back they would cost that first read again): 2 W of anonymous memory in
-       place of the 2 W of page cache above. Not with several contexts (set_shared): page cache as before. */
+       mapped on a guest with shadow page tables (bench/PIPELINE.md). The buffers are mapped at a prompt's first
+       streamed call, in 2 MiB pages, and given back at the first call that does not stream: 2 W of anonymous
+       memory in place of the 2 W of page cache above, while a prompt streams. The engine turns them off where
+       they do not fit (guanaco_residency_set_stream_direct). Not with several contexts (set_shared): page cache
+       as before. */
     bool stream_direct;
 };
 

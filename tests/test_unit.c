@@ -215,6 +215,7 @@ enum { TEST_EXPERTS = 4, TEST_EMBD = 64, TEST_FF = 32, TEST_LAYERS = 3 };
 /* Changes a test model's metadata before it is written; NULL for none. */
 typedef void (*gguf_edit)(struct gguf_context *gguf);
 static gguf_edit test_gguf_edit;
+static bool test_gguf_output; /* an output.weight of its own, so the embedding is not also the output */
 
 /* A model-shaped GGUF: layer 0 dense, layers 1-2 with experts. Returns the file size. */
 static long write_test_gguf(const char *path, bool with_experts) {
@@ -229,6 +230,12 @@ static long write_test_gguf(const char *path, bool with_experts) {
     ggml_set_name(embd, "token_embd.weight");
     memset(embd->data, 0, ggml_nbytes(embd));
     gguf_add_tensor(gguf, embd);
+    if (test_gguf_output) {
+        struct ggml_tensor *output = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, TEST_EMBD, 16);
+        ggml_set_name(output, "output.weight");
+        memset(output->data, 0, ggml_nbytes(output));
+        gguf_add_tensor(gguf, output);
+    }
     for (int layer = 1; with_experts && layer < TEST_LAYERS; layer++) {
         const char *parts[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
         for (int p = 0; p < 3; p++) {
@@ -272,7 +279,15 @@ static void test_manifest(const char *dir) {
     CHECK(guanaco_manifest_find(&m, "token_embd.weight") == NULL);
     uint64_t expected_bytes = 2ull * 3 * TEST_EXPERTS * TEST_FF * TEST_EMBD * 2;
     CHECK(m.expert_bytes == expected_bytes);
+    CHECK(m.cold_embedding_bytes == 0); /* no output.weight: the embedding is the output matrix too, read whole */
     guanaco_manifest_free(&m);
+    test_gguf_output = true;
+    CHECK(write_test_gguf(path, true) > 0);
+    CHECK(guanaco_manifest_load(path, NULL, 0, &m) == 0);
+    CHECK(m.cold_embedding_bytes == (uint64_t)TEST_EMBD * 16 * 4); /* only the prompt's rows of it are read */
+    guanaco_manifest_free(&m);
+    test_gguf_output = false;
+    size = write_test_gguf(path, true);
 
     /* Cut the file in the middle of the last expert tensor. */
     CHECK(truncate(path, size - 1000) == 0);
