@@ -105,6 +105,15 @@ if [ "${1:-}" != --assemble ]; then
 fi
 
 # ---- assemble ----
+# The simulator's tables, the live tables, the overhead and the warm start come from the runs' files in $DIR: on a
+# machine without them, assembling would write those parts of BENCHMARKS.md and the README's table empty.
+for needed in sim-mixtral.txt sim-qwen3.txt qwen3-24-pipeline/report.md mixtral-replay/report.md; do
+    if [ ! -f "$DIR/$needed" ]; then
+        echo "benchmarks: $DIR/$needed is missing: the last end-to-end run's files are not on this machine;" \
+            "BENCHMARKS.md and README.md left as they are (set BENCH_DIR, or run bench/benchmarks.sh in full)" >&2
+        exit 1
+    fi
+done
 section() { [ -f "$1" ] && cat "$1" && echo; }
 {
     echo "# Benchmarks"
