@@ -2600,7 +2600,9 @@ static struct stream_buffer *stream_buffer_for(struct guanaco_residency *r, uint
 
 /* Requests for experts list[0...n) (ascending) of `layer` into b, at out[0...]: per tensor each run of
    consecutive experts as one request of its pages rounded outward, with O_DIRECT (io cuts it into chunks), and
-   the file's last partial page, which O_DIRECT cannot end on, buffered. Returns the count. */
+   the file's last partial page, which O_DIRECT cannot end on, buffered. Runs whose rounded pages meet are one
+   request: two reads must never write the same page at once (the gap's bytes come along, unused). Returns the
+   count. */
 static size_t stream_requests(struct guanaco_residency *r, const struct stream_buffer *b, uint32_t layer,
                               const uint32_t *list, size_t n, struct guanaco_io_request *out) {
     const struct layer *l = &r->layers[layer];
@@ -2609,6 +2611,7 @@ static size_t stream_requests(struct guanaco_residency *r, const struct stream_b
         const struct tensor *t = &r->tensors[l->first_tensor + k];
         char *origin = b->at + t->stream_offset; /* file byte page_down(t->begin) */
         const uint64_t first_page = page_down(r, t->begin);
+        const size_t first_of_tensor = count;
         for (size_t i = 0; i < n;) {
             size_t j = i + 1;
             while (j < n && list[j] == list[j - 1] + 1) {
@@ -2620,7 +2623,10 @@ static size_t stream_requests(struct guanaco_residency *r, const struct stream_b
             if (direct_end > (uint64_t)r->shards[t->shard].size) {
                 direct_end = page_down(r, end);
             }
-            if (direct_end > a) {
+            struct guanaco_io_request *last = count > first_of_tensor ? &out[count - 1] : NULL;
+            if (direct_end > a && last && last->fd == t->direct_fd && last->offset + last->length >= a) {
+                last->length = direct_end - last->offset; /* meets the last run's pages: one request */
+            } else if (direct_end > a) {
                 out[count++] = (struct guanaco_io_request){.fd = t->direct_fd, .offset = a, .length = direct_end - a,
                                                            .destination = origin + (a - first_page)};
             }
@@ -2716,12 +2722,14 @@ static size_t stream_serve(struct guanaco_residency *r, uint32_t layer, size_t n
         }
     }
     const bool landed = !b->reading[0] || guanaco_io_poll(r->io, &b->jobs[0]);
-    if (extra) {
-        stream_submit(r, b, 1, layer, extra);
-    }
+    /* the read-ahead first: an expert it left out may share an edge page with one it reads, and two reads must
+       never write the same page at once */
     uint64_t wait_start = guanaco_now_ns();
     int err = stream_wait(r, b, 0, layer);
     r->stats.prefetch_wait_ns += guanaco_now_ns() - wait_start;
+    if (extra) {
+        stream_submit(r, b, 1, layer, extra);
+    }
     int extra_err = stream_wait(r, b, 1, layer);
     r->stats.read_ns += guanaco_now_ns() - wait_start;
     if (err || extra_err) {
