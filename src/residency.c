@@ -252,7 +252,7 @@ struct guanaco_residency {
     bool stream_direct;           /* in force (guanaco_residency_set_stream_direct) */
     bool stream_direct_capable;   /* the buffers are laid out: config.stream_direct, DIRECT, slots, streaming */
     struct stream_buffer stream_buffers[STREAM_BUFFERS];
-    char *stream_memory;          /* both buffers, 2 MiB aligned; NULL until the first streamed call */
+    char *stream_memory;          /* both buffers, 2 MiB aligned; NULL while no prompt streams */
     uint64_t stream_memory_bytes;
     uint64_t stream_buffer_bytes; /* the largest layer's expert tensors, each rounded out to whole pages */
     size_t stream_request_capacity;
