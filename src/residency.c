@@ -1671,6 +1671,13 @@ static char *copy_buffer(struct guanaco_residency *r, uint64_t length) {
     return buffer ? buffer : mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 }
 
+/* Where an O_DIRECT read of t's bytes up to `end` stops: `end` rounded up to a page, or down where that page would
+   pass the file's end, which O_DIRECT cannot read to; the rest is read buffered. */
+static uint64_t direct_read_end(const struct guanaco_residency *r, const struct tensor *t, uint64_t end) {
+    uint64_t up = page_up(r, end);
+    return up > (uint64_t)r->shards[t->shard].size ? page_down(r, end) : up;
+}
+
 /* O_DIRECT requests for file bytes [from, to) of t (page aligned) into `buffer`, in chunks; returns their count. */
 static long direct_chunks(const struct tensor *t, uint64_t from, uint64_t to, char *buffer,
                           struct guanaco_io_request *out) {
@@ -1696,10 +1703,7 @@ static long slot_requests(struct guanaco_residency *r, const struct tensor *t, u
         return -errno;
     }
     *staging = slot;
-    uint64_t direct_end = page_up(r, b);
-    if (direct_end > (uint64_t)r->shards[t->shard].size) {
-        direct_end = page_down(r, b);
-    }
+    uint64_t direct_end = direct_read_end(r, t, b);
     long n = direct_chunks(t, start, direct_end, slot, out);
     uint64_t tail = direct_end > a ? direct_end : a;
     if (tail < b) {
@@ -2619,10 +2623,7 @@ static size_t stream_requests(struct guanaco_residency *r, const struct stream_b
             }
             uint64_t a = page_down(r, t->begin + (uint64_t)list[i] * t->stride);
             uint64_t end = t->begin + (uint64_t)(list[j - 1] + 1) * t->stride;
-            uint64_t direct_end = page_up(r, end);
-            if (direct_end > (uint64_t)r->shards[t->shard].size) {
-                direct_end = page_down(r, end);
-            }
+            uint64_t direct_end = direct_read_end(r, t, end);
             struct guanaco_io_request *last = count > first_of_tensor ? &out[count - 1] : NULL;
             if (direct_end > a && last && last->fd == t->direct_fd && last->offset + last->length >= a) {
                 last->length = direct_end - last->offset; /* meets the last run's pages: one request */
