@@ -162,6 +162,14 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
             echo
         fi
     done
+    echo "## The simulator against this run's live cells"
+    echo
+    echo "Every Guanaco cell above with a simulated figure (\`bench/sim_accuracy.sh\`, from the reports' \"sim error\""
+    echo "columns: (simulated - live) / live, rounded to whole percent; gate is not replayed and not counted)."
+    echo
+    bash "$ROOT/bench/sim_accuracy.sh" "$DIR" qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab \
+        qwen3-prefetch-ab mixtral-prefetch-ab qwen3-24-pipeline qwen3-24-own
+    echo
     if [ -f "$DIR/overhead.txt" ]; then
         echo "## Everything resident: the cost of the engine when it reads nothing"
         echo

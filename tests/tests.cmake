@@ -74,6 +74,8 @@ set_property(TEST sim_pipeline APPEND PROPERTY ENVIRONMENT
 guanaco_script_test(report test_report.sh)
 # bench/readme_table.sh: the README's summary cells from the reports, spliced between its markers.
 guanaco_script_test(readme_table test_readme_table.sh)
+# bench/sim_accuracy.sh: the count of cells the simulator predicts within 15%, from the reports.
+guanaco_script_test(sim_accuracy test_sim_accuracy.sh)
 # The residency module alone: budgeted expert pages over a synthetic mapped file, mincore audit, faults.
 add_test(NAME residency COMMAND test_residency)
 set_tests_properties(residency PROPERTIES SKIP_RETURN_CODE 77) # tmpfs has no page cache to budget
