@@ -249,7 +249,9 @@ struct guanaco_residency {
     bool *stream_ahead;   /* n_layer: read ahead as a streamed layer, so its call streams (huge folios) */
     bool *stream_pending; /* n_layer: a streamed call's pages, dropped with the next call's reads */
     /* stream_direct (config): streamed calls read into two buffers instead, mapped while a prompt streams */
-    bool stream_direct;           /* in force (guanaco_residency_set_stream_direct) */
+    /* in force (guanaco_residency_set_stream_direct); expert_data reads it without the lock */
+    atomic_bool stream_direct;
+    bool stream_quarantined; /* several contexts came while mapped: untouched until one is left (set_shared) */
     bool stream_direct_capable;   /* the buffers are laid out: config.stream_direct, DIRECT, slots, streaming */
     struct stream_buffer stream_buffers[STREAM_BUFFERS];
     char *stream_memory;          /* both buffers, 2 MiB aligned; NULL while no prompt streams */
@@ -1274,9 +1276,6 @@ static void free_spares(struct guanaco_residency *r) {
 static void set_streaming(struct guanaco_residency *r, bool streaming) {
     if (streaming && !r->streaming) {
         unmap_spares(r);
-    }
-    if (!streaming && r->streaming) {
-        stream_buffers_release(r);
     }
     r->streaming = streaming;
 }
@@ -2531,6 +2530,7 @@ static bool stream_buffers_mapped(struct guanaco_residency *r) {
                           "page cache", (double)wanted / (double)(1ull << 30), strerror(errno));
         r->stream_direct = r->stream_direct_capable = false;
         r->stats.stream_direct = false;
+        r->stats.stream_buffer_bytes = 0; /* the engine's line says what was chosen from this */
         return false;
     }
     char *aligned = at + (HUGE_FOLIO_BYTES - (uintptr_t)at % HUGE_FOLIO_BYTES) % HUGE_FOLIO_BYTES;
@@ -2632,7 +2632,10 @@ static size_t stream_requests(struct guanaco_residency *r, const struct stream_b
                                                            .destination = origin + (a - first_page)};
             }
             uint64_t tail = direct_end > a ? direct_end : a;
-            if (tail < end) {
+            last = count > first_of_tensor ? &out[count - 1] : NULL;
+            if (tail < end && last && last->fd == t->fd && last->offset + last->length >= tail) {
+                last->length = end - last->offset; /* two runs in the file's last page: one buffered request */
+            } else if (tail < end) {
                 out[count++] = (struct guanaco_io_request){.fd = t->fd, .offset = tail, .length = end - tail,
                                                            .destination = origin + (tail - first_page)};
             }
@@ -2653,7 +2656,7 @@ static void stream_submit(struct guanaco_residency *r, struct stream_buffer *b, 
 /* A streamed layer's read-ahead (prefetch_locked): the named experts that are not held, into a buffer. false when
    the buffers cannot be had: the page cache reads it ahead instead. */
 static bool stream_read_ahead(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n) {
-    if (r->shared || !stream_buffers_mapped(r)) {
+    if (r->shared || r->stream_quarantined || !stream_buffers_mapped(r)) {
         return false;
     }
     struct stream_buffer *b = stream_buffer_for(r, layer);
@@ -2708,7 +2711,7 @@ static int stream_wait(struct guanaco_residency *r, struct stream_buffer *b, int
  * cache instead, whose errors reach the call.
  */
 static size_t stream_serve(struct guanaco_residency *r, uint32_t layer, size_t n) {
-    if (r->shared || !stream_buffers_mapped(r)) {
+    if (r->shared || r->stream_quarantined || !stream_buffers_mapped(r)) {
         return 0;
     }
     struct stream_buffer *b = stream_buffer_for(r, layer);
@@ -2728,8 +2731,8 @@ static size_t stream_serve(struct guanaco_residency *r, uint32_t layer, size_t n
     uint64_t wait_start = guanaco_now_ns();
     int err = stream_wait(r, b, 0, layer);
     r->stats.prefetch_wait_ns += guanaco_now_ns() - wait_start;
-    if (extra) {
-        stream_submit(r, b, 1, layer, extra);
+    if (extra && !err) {
+        stream_submit(r, b, 1, layer, extra); /* after a failed read-ahead the page cache reads them all */
     }
     int extra_err = stream_wait(r, b, 1, layer);
     r->stats.read_ns += guanaco_now_ns() - wait_start;
@@ -2998,7 +3001,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     const bool evict_last = atomic_load(&r->deferred_active);
     const uint64_t last_token = r->deferred.token;
     int deferred_error = finish_deferred(r, false);
-    for (uint32_t b = 0; r->stream_direct && b < STREAM_BUFFERS; b++) {
+    for (uint32_t b = 0; r->stream_memory && b < STREAM_BUFFERS; b++) {
         atomic_store(&r->stream_buffers[b].serving, false); /* the last layer has computed */
     }
     if (r->n_retired && !r->shared) {
@@ -3056,6 +3059,13 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     if (r->stream) {
         r->stream_ahead[layer] = false;
         set_streaming(r, stream);
+    }
+    if (!r->shared && (r->stream_quarantined || (r->stream_memory && !(stream && r->stream_direct)))) {
+        /* Streaming into the buffers is over (a decode call, turned off, or several contexts came meanwhile): their
+           memory goes back, so that decoding keeps the memory it had before the prompt. Only here, in a call of
+           the one context, between its matmuls: with several contexts another may still compute from a buffer. */
+        stream_buffers_release(r);
+        r->stream_quarantined = false;
     }
     r->read_layer = layer; /* from here to the policy's answer, read_call marks what this call mapped */
     r->last_layer = layer;
@@ -3429,9 +3439,10 @@ void guanaco_residency_set_shared(struct guanaco_residency *r, bool shared) {
     r->shared = shared;
     if (shared) {
         unmap_spares(r); /* place_slot moves a spare's pages into the mapping, which a pool's slot cannot lend */
-        for (uint32_t b = 0; r->stream_direct && b < STREAM_BUFFERS; b++) {
-            stream_buffer_stop(r, &r->stream_buffers[b]); /* contexts would compute different layers from them */
-        }
+        /* Contexts would compute different layers from the buffers: none serves or is read into from now on. The
+           first context's matmuls may be computing from one it was served, with addresses they already hold, so
+           nothing in them changes until one context is left and calls again (prepare_locked gives them back). */
+        r->stream_quarantined = r->stream_memory != NULL;
     }
     pthread_mutex_unlock(&r->lock);
 }
@@ -3440,8 +3451,9 @@ void guanaco_residency_set_stream_direct(struct guanaco_residency *r, bool on) {
     if (!r) {
         return;
     }
+    /* Nothing is unmapped here: another context may call this while the first computes from a buffer. The next
+       call of one context gives the buffers back when they are off (prepare_locked). */
     pthread_mutex_lock(&r->lock);
-    stream_buffers_release(r); /* between graphs: no layer computes from them */
     r->stream_direct = on && r->stream_direct_capable;
     r->stats.stream_direct = r->stream_direct;
     pthread_mutex_unlock(&r->lock);

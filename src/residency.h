@@ -193,7 +193,8 @@ struct guanaco_residency_config {
        streamed call, in 2 MiB pages, and given back at the first call that does not stream: 2 W of anonymous
        memory in place of the 2 W of page cache above, while a prompt streams. The engine turns them off where
        they do not fit (guanaco_residency_set_stream_direct). Not with several contexts (set_shared): page cache
-       as before. */
+       as before, and buffers mapped when a second context came stay as they are (the first may be computing
+       from one) until one context is left and calls again. */
     bool stream_direct;
 };
 
@@ -380,7 +381,9 @@ void guanaco_residency_seed_policy(struct guanaco_residency *r, uint32_t layer, 
 void guanaco_residency_set_shared(struct guanaco_residency *r, bool shared);
 
 /* Turns stream_direct on (where create laid the buffers out) or off, from the next call on: the engine's rule
-   of whether the buffers fit in memory (budget.h). Call it between graphs. */
+   of whether the buffers fit in memory (budget.h). Safe while a context computes (a second context's creation
+   calls it): the buffers' memory goes back only at the next call that does not stream into them, and only once
+   one context is left (set_shared). */
 void guanaco_residency_set_stream_direct(struct guanaco_residency *r, bool on);
 
 /* Changes the budget (and the read-ahead allowance, half of it, when read-ahead is on). Nothing is

@@ -378,6 +378,92 @@ static void test_stream_direct(const struct model *m, enum guanaco_io_backend io
     guanaco_residency_destroy(r);
 }
 
+/* Whether the page holding p is mapped in this process: mincore fails with ENOMEM on an unmapped range. */
+static bool address_mapped(const void *p) {
+    unsigned char vec;
+    return mincore((void *)((uintptr_t)p / P * P), 1, &vec) == 0;
+}
+
+/*
+ * A second context arrives while the first computes a streamed layer from a buffer, decodes, and leaves: the
+ * first context's matmuls hold addresses in the buffer, so its bytes stay mapped and unchanged through the second
+ * context's creation (set_shared, then set_stream_direct as the engine's memory rule runs), the second context's
+ * calls and its leaving; the buffers go back at the first call once one context is left. (They were unmapped by
+ * set_stream_direct, and emptied by set_shared, under the first context's matmuls.)
+ */
+static void test_stream_direct_contexts(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    struct guanaco_residency_config config = config_of(m, EXPERT_BYTES * 3, 0, GUANACO_POLICY_LRU, io);
+    config.stream_prompts = true;
+    config.stream_direct = true;
+    config.prefetch_bytes = EXPERT_BYTES * N_EXPERT;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    int32_t ids[N_EXPERT];
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        ids[e] = (int32_t)e;
+    }
+    const uint32_t first = 0, second = 1;
+    CHECK(guanaco_residency_prepare_layer(r, first, ids, N_EXPERT, 0) == 0);
+    const void *held[N_EXPERT]; /* what the first context's matmuls were given */
+    bool served = true;
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        held[e] = NULL;
+        served = served && served_from_buffer(m, r, first, e) &&
+                 guanaco_residency_expert_data(r, m->map + m->offset[first][0], e, true, &held[e]) && held[e];
+    }
+    CHECK(served);
+    if (!served) {
+        guanaco_residency_destroy(r);
+        return;
+    }
+    const uint64_t length = stride_of_tensor[0];
+    bool intact = true;
+#define HELD_INTACT()                                                                                                  \
+    for (uint32_t e = 0; e < N_EXPERT; e++) {                                                                          \
+        intact = intact && address_mapped(held[e]) && address_mapped((const char *)held[e] + length - 1) &&          \
+                 memcmp(held[e], expected_content + slice_begin(m, first, 0, e), length) == 0;                          \
+    }
+    guanaco_residency_set_shared(r, true);      /* the second context's hook */
+    guanaco_residency_set_stream_direct(r, true); /* its memory told: the rule runs again, either way */
+    guanaco_residency_set_stream_direct(r, false);
+    HELD_INTACT();
+    /* the second context streams a prompt's layer and decodes: neither touches the buffers */
+    CHECK(guanaco_residency_prepare_layer(r, second, ids, N_EXPERT, 1) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    CHECK(guanaco_residency_prepare_layer(r, second, ids + 2, 1, 2) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    HELD_INTACT();
+    guanaco_residency_set_shared(r, false); /* it leaves */
+    guanaco_residency_set_stream_direct(r, true);
+    HELD_INTACT();
+#undef HELD_INTACT
+    CHECK(intact);
+    /* one context calls again, a prompt's layer: the buffers went back, and new ones serve the experts not held */
+    CHECK(guanaco_residency_prepare_layer(r, second, ids, N_EXPERT, 3) == 0);
+    bool served_again = true;
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        /* expert 2 became resident in the second context's decode: a copy placed in the mapping then */
+        served_again = served_again &&
+                       (served_from_buffer(m, r, second, e) || guanaco_residency_is_resident(r, second, e));
+    }
+    CHECK(served_again);
+    /* and a decode call gives them back */
+    CHECK(guanaco_residency_prepare_layer(r, first, ids + 3, 1, 4) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    const void *data = m->map;
+    CHECK(guanaco_residency_expert_data(r, m->map + m->offset[second][0], 9, true, &data) && data == NULL);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.load_failures == 0);
+    printf("  %-8s stream buffers: a buffer being computed from stays mapped and unchanged while a second context "
+           "comes, calls and leaves\n", guanaco_io_backend_name(io));
+    guanaco_residency_destroy(r);
+}
+
 /* ---- the page-by-page verification ---- */
 
 enum { PAGE_UNCHECKED, PAGE_RESIDENT, PAGE_ABSENT, PAGE_EITHER };
@@ -2553,6 +2639,7 @@ int main(void) {
             test_deferred_hits_stay(&m, io);
             test_slots_shared(&m, io);
             test_stream_direct(&m, io);
+            test_stream_direct_contexts(&m, io);
             test_arena_slots(&m, io);
             test_arena_slot_faults(&m, io);
             fixed_slots = false;
