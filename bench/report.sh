@@ -278,7 +278,7 @@ done
         echo "-nr (no repacking) in every run")"
     echo "- warm in-RAM compute per token: ${COMPUTE_MS:-unknown} ms ($COMPUTE_SOURCE)"
     [ -n "$SIM_COMPUTE_MS" ] && echo "- the simulator's decode compute per token: $SIM_COMPUTE_MS ms ($SIM_COMPUTE_SOURCE)"
-    echo "- reps per cell: $(awk -F, 'NR > 1 { print $3 }' "$RUNS" | sort -nu | tail -1), variants alternating within each rep; cells show the median and, with more than one rep, [min-max]"
+    echo "- reps per cell: $(awk -F, 'NR > 1 { print $3 }' "$RUNS" | sort -nu | tail -1), variants alternating within each rep, their order turned by one each rep; cells show the median and, with more than one rep, [min-max]"
     echo
     if [ "$ram_n" != 0 ]; then
         echo "Everything in RAM, warm (the whole model read into the page cache first; $ram_cmin-$ram_cmax% of it cached"
