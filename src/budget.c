@@ -8,8 +8,18 @@
  * 6 GB limit on a 16.5 GB model, the load-time rule alone left 1.4 GB unused.
  * Direct loading keeps evicted copies (anonymous, not reclaimable) beside the
  * budget, up to guanaco_spare_limit, so its budget leaves room for them.
+ * The token embedding is not counted where the model has its own output
+ * matrix: a token reads one row of it (in a 6 GiB limit on the 24-layer
+ * Qwen3 shape, counting its 0.31 GiB left llama-bench's peak at 89% of the
+ * limit).
  * A prompt's stream buffers (--guanaco-stream-direct) must fit beside the
- * budget too, or prompts stream through the page cache.
+ * budget too. Where they do not, the budget lends them what is missing while a
+ * prompt streams (decode's least wanted experts make room, and are read again
+ * when decode wants them): through the page cache the prompt needed that
+ * memory all the same, and in `auto`'s limit it thrashed the non-expert
+ * weights (llama-cli: 49,000 major faults, 18 tok/s prompts, bench/PIPELINE.md).
+ * At most half the budget is lent; beyond that prompts stream through the page
+ * cache.
  * The floor is a quarter of a layer's experts, or nothing runs. --guanaco-load
  * auto's choice lives here too, a rule on the same manifest.
  * The preload
@@ -41,9 +51,13 @@ static uint64_t budget_beside_spares(uint64_t room) {
     return room > SPARE_MIN_BYTES ? room - SPARE_MIN_BYTES : 0;
 }
 
+uint64_t guanaco_hot_non_expert_bytes(const struct guanaco_manifest *m) {
+    return m->total_bytes - m->expert_bytes - m->cold_embedding_bytes;
+}
+
 void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int64_t context_bytes,
                          bool contexts_known, bool keeps_spares, struct guanaco_auto_budget *out) {
-    uint64_t non_expert = m->total_bytes - m->expert_bytes;
+    uint64_t non_expert = guanaco_hot_non_expert_bytes(m);
     uint64_t contexts = context_bytes > 0 ? (uint64_t)context_bytes : 0;
     uint64_t margin = contexts_known ? MARGIN_KNOWN_BYTES + (uint64_t)((double)memory * MARGIN_KNOWN_SHARE) + contexts
                                      : MARGIN_UNKNOWN_BYTES + (uint64_t)((double)memory * MARGIN_UNKNOWN_SHARE);
@@ -56,15 +70,20 @@ void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int6
     out->budget = out->at_floor ? floor : budget;
 }
 
-bool guanaco_stream_buffers_fit(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
-                                int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes) {
+uint64_t guanaco_stream_buffers_loan(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
+                                     int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes) {
     /* Spares are given back while a prompt streams, and the non-expert weights' page cache is the slack that
-       page-cache streaming lived in too: no margin beyond the contexts' own buffers. */
+       page-cache streaming lived in too: beyond the contexts' own buffers, only the fixed part of the margin, for
+       the process's own memory, which nothing else here counts. */
     uint64_t contexts = !contexts_known ? MARGIN_UNKNOWN_BYTES + (uint64_t)((double)memory * MARGIN_UNKNOWN_SHARE)
-                        : context_bytes > 0 ? (uint64_t)context_bytes
-                                            : 0;
-    uint64_t taken = hot_non_expert_bytes + budget + contexts;
-    return memory > taken && memory - taken >= buffer_bytes;
+                        : (context_bytes > 0 ? (uint64_t)context_bytes : 0) + MARGIN_KNOWN_BYTES;
+    uint64_t beside = hot_non_expert_bytes + contexts; /* what the budget cannot lend */
+    uint64_t room = memory > beside ? memory - beside : 0;
+    if (room >= budget + buffer_bytes) {
+        return 0;
+    }
+    uint64_t loan = budget + buffer_bytes - room;
+    return loan <= budget / 2 ? loan : GUANACO_STREAM_BUFFERS_REFUSED;
 }
 
 double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes, bool keeps_spares) {

@@ -22,6 +22,11 @@ struct guanaco_auto_budget {
     bool at_floor;     /* the memory left less than the floor of a quarter layer, which was taken instead */
 };
 
+/* The non-expert weights a token reads: all of them but the token embedding's, where the model has an output
+   matrix of its own (manifest cold_embedding_bytes): a prompt reads its own rows of the embedding only, and the
+   kernel may take the others' page cache back at no cost. What the auto rule and the stream buffers' rule count. */
+uint64_t guanaco_hot_non_expert_bytes(const struct guanaco_manifest *m);
+
 /* The budget `memory` bytes leave: before any context exists (contexts_known false) a fixed margin covers
    the KV cache and compute buffers; after, context_bytes are what they really hold. keeps_spares (direct
    loading) leaves guanaco_spare_limit(budget) beside the budget. */
@@ -32,13 +37,16 @@ void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int6
 double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_bytes, bool keeps_spares);
 
 
-/* Whether a prompt's stream buffers (--guanaco-stream-direct: anonymous memory, held while a prompt streams)
-   fit in `memory` beside the non-expert weights a ubatch reads (hot_non_expert_bytes: the engine leaves out
-   the token embedding's, of which a prompt reads its own rows only), the budget and the contexts' buffers.
-   Before any context exists (contexts_known false) the load-time margin stands in for them. Their memory takes
-   the place of the page cache a prompt streamed through, which the kernel could reclaim; this it cannot. */
-bool guanaco_stream_buffers_fit(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
-                                int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes);
+/* What a prompt's stream buffers (--guanaco-stream-direct: anonymous memory, held while a prompt streams) must
+   borrow from the budget to fit in `memory` beside the non-expert weights a ubatch reads (hot_non_expert_bytes:
+   the engine leaves out the token embedding's, of which a prompt reads its own rows only), the budget and the
+   contexts' buffers (and, once those are known, 256 MiB for the process): 0 where they fit beside it, GUANACO_STREAM_BUFFERS_REFUSED where more than half the budget
+   would go (budget.c). Before any context exists (contexts_known false) the load-time margin stands in for the
+   contexts. Their memory takes the place of the page cache a prompt streamed through, which the kernel could
+   reclaim; this it cannot. */
+#define GUANACO_STREAM_BUFFERS_REFUSED UINT64_MAX
+uint64_t guanaco_stream_buffers_loan(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
+                                     int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes);
 
 /* The most bytes of evicted copies direct loading keeps for the next reads, beyond the budget: an eighth of
    it, at least 64 MiB. Anonymous memory the kernel cannot reclaim, so --guanaco-ram auto counts it. */

@@ -344,9 +344,9 @@ static uint64_t process_memory(bool *is_limit) {
 
 /*
  * --guanaco-stream-direct: the stream buffers are anonymous memory the kernel cannot reclaim, where a prompt
- * streamed through the page cache before, so they are used only where they fit beside the budget
- * (guanaco_stream_buffers_fit). Asked at load and again once the contexts' buffers are known; says what it chose
- * when that changes.
+ * streamed through the page cache before, so they are used where they fit beside the budget, or where the budget
+ * can lend what is missing while a prompt streams (guanaco_stream_buffers_loan). Asked at load and again once the
+ * contexts' buffers are known; says what it chose when that changes.
  */
 static void choose_stream_direct(struct guanaco_engine *engine, bool contexts_known) {
     struct guanaco_residency_stats st;
@@ -356,25 +356,46 @@ static void choose_stream_direct(struct guanaco_engine *engine, bool contexts_kn
     }
     const struct guanaco_manifest *m = &engine->manifest;
     int64_t contexts = atomic_load(&engine->context_bytes);
-    /* the embedding's rows that no token uses are cold: the kernel may take their pages back at no cost */
-    const uint64_t hot_non_expert = m->total_bytes - m->expert_bytes - m->cold_embedding_bytes;
-    bool fit = !engine->process_memory ||
-               guanaco_stream_buffers_fit(engine->process_memory, hot_non_expert, engine->budget_bytes, contexts,
-                                          contexts_known, st.stream_buffer_bytes);
+    const uint64_t hot_non_expert = guanaco_hot_non_expert_bytes(m);
+    uint64_t loan = !engine->process_memory
+                        ? 0
+                        : guanaco_stream_buffers_loan(engine->process_memory, hot_non_expert, engine->budget_bytes,
+                                                      contexts, contexts_known, st.stream_buffer_bytes);
+    bool fit = loan != GUANACO_STREAM_BUFFERS_REFUSED;
+    guanaco_residency_set_stream_loan(engine->residency, fit ? loan : 0);
     guanaco_residency_set_stream_direct(engine->residency, fit);
-    if (!contexts_known || (int)fit == engine->stream_direct_told) {
+    if (!contexts_known || ((int)fit == engine->stream_direct_told && (!fit || loan == engine->stream_loan_told))) {
         return; /* not decided until the contexts' buffers are known, or said already */
     }
     engine->stream_direct_told = fit;
-    if (fit) {
+    engine->stream_loan_told = loan;
+    if (fit && loan) {
+        guanaco_log_info("prompts stream with O_DIRECT into two layer buffers, %.2f GiB in all while a prompt streams, "
+                         "%.2f GiB of it lent by the budget (%.2f GiB) while they are held: %.2f GiB holds beside "
+                         "them only the non-expert weights %.2f GiB (without the token embedding's), the contexts' "
+                         "buffers %.2f GiB and a margin for the process; decode's least wanted experts make room, "
+                         "and are read again when wanted",
+                         gib(st.stream_buffer_bytes), gib(loan), gib(engine->budget_bytes),
+                         gib(engine->process_memory), gib(hot_non_expert),
+                         gib((uint64_t)(contexts > 0 ? contexts : 0)));
+    } else if (fit) {
         guanaco_log_info("prompts stream with O_DIRECT into two layer buffers, %.2f GiB in all while a prompt streams",
                          gib(st.stream_buffer_bytes));
     } else {
         guanaco_log_info("prompts stream through the page cache: the O_DIRECT stream buffers (%.2f GiB) do not fit in "
                          "%.2f GiB beside the non-expert weights (%.2f GiB without the token embedding's), the "
-                         "budget (%.2f GiB) and the contexts' buffers (%.2f GiB)",
+                         "budget (%.2f GiB, which lends at most half) and the contexts' buffers (%.2f GiB)",
                          gib(st.stream_buffer_bytes), gib(engine->process_memory), gib(hot_non_expert),
                          gib(engine->budget_bytes), gib((uint64_t)(contexts > 0 ? contexts : 0)));
+    }
+}
+
+/* "non-expert weights X GiB", and what of the token embedding is left out (guanaco_hot_non_expert_bytes). */
+static void describe_non_expert(const struct guanaco_manifest *m, char *text, size_t size) {
+    int n = snprintf(text, size, "non-expert weights %.2f GiB", gib(guanaco_hot_non_expert_bytes(m)));
+    if (m->cold_embedding_bytes && n > 0 && (size_t)n < size) {
+        snprintf(text + n, size - (size_t)n, " (the token embedding's other rows, %.2f GiB, left to the kernel)",
+                 gib(m->cold_embedding_bytes));
     }
 }
 
@@ -390,10 +411,12 @@ static uint64_t automatic_budget(struct guanaco_engine *engine, bool keeps_spare
     guanaco_auto_budget_margin_rule(false, margin_rule, sizeof(margin_rule));
     char spares[64];
     describe_spares(&rule, spares, sizeof(spares));
-    guanaco_log_info("budget auto: %s %.2f GiB - non-expert weights %.2f GiB - margin %.2f GiB (%s, until "
-                     "the context's buffers are known)%s = %.2f GiB",
-                     is_limit ? "cgroup limit" : "MemAvailable", gib(memory),
-                     gib(m->total_bytes - m->expert_bytes), gib(margin), margin_rule, spares, gib(budget));
+    char non_expert[128];
+    describe_non_expert(m, non_expert, sizeof(non_expert));
+    guanaco_log_info("budget auto: %s %.2f GiB - %s - margin %.2f GiB (%s, until the context's buffers are "
+                     "known)%s = %.2f GiB",
+                     is_limit ? "cgroup limit" : "MemAvailable", gib(memory), non_expert, gib(margin), margin_rule,
+                     spares, gib(budget));
     return budget;
 }
 
@@ -440,11 +463,11 @@ void guanaco_engine_context_memory(struct guanaco_engine *engine, int64_t bytes)
     guanaco_auto_budget_margin_rule(true, margin_rule, sizeof(margin_rule));
     char spares[64];
     describe_spares(&rule, spares, sizeof(spares));
-    guanaco_log_info("budget auto: %.2f GiB - non-expert weights %.2f GiB - contexts' buffers %.2f GiB - margin "
-                     "%.2f GiB (%s)%s = %.2f GiB",
-                     gib(engine->auto_memory), gib(engine->manifest.total_bytes - engine->manifest.expert_bytes),
-                     gib((uint64_t)(contexts > 0 ? contexts : 0)), gib(margin - (uint64_t)(contexts > 0 ? contexts : 0)),
-                     margin_rule, spares, gib(budget));
+    char non_expert[128];
+    describe_non_expert(&engine->manifest, non_expert, sizeof(non_expert));
+    guanaco_log_info("budget auto: %.2f GiB - %s - contexts' buffers %.2f GiB - margin %.2f GiB (%s)%s = %.2f GiB",
+                     gib(engine->auto_memory), non_expert, gib((uint64_t)(contexts > 0 ? contexts : 0)),
+                     gib(margin - (uint64_t)(contexts > 0 ? contexts : 0)), margin_rule, spares, gib(budget));
 }
 
 static int preload(struct guanaco_engine *engine, uint64_t budget, const struct guanaco_imatrix_prior *prior);
@@ -674,6 +697,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     engine->process_memory = process_memory(&is_limit);
     engine->budget_bytes = budget;
     engine->stream_direct_told = -1;
+    engine->stream_loan_told = 0;
     const bool everything_fits = budget >= m->expert_bytes && (!o->max_experts || o->max_experts >= (uint32_t)m->n_expert);
     /* Each layer's tensors in the order its matmuls run, so that --guanaco-overlap-layer reads them so */
     for (size_t step = 0; step < COMPUTE_RANKS * m->n_tensors; step++) {

@@ -64,6 +64,7 @@ struct guanaco_engine {
     uint64_t process_memory;                   /* the cgroup limit or MemAvailable at load, for the stream buffers */
     uint64_t budget_bytes;                     /* the budget in force */
     int stream_direct_told;                    /* -1, or whether the last line said the stream buffers are used */
+    uint64_t stream_loan_told;                 /* and what it said the budget lends them */
     _Atomic int64_t context_bytes;             /* host KV cache and compute buffers of the live contexts */
     char **guarded_mappings;                   /* per shard: the mapping mapping_guard watches, or NULL */
     _Atomic bool holds_every_expert;           /* guanaco_engine_needs_router_ids: false while this holds */

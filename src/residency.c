@@ -252,6 +252,8 @@ struct guanaco_residency {
     /* in force (guanaco_residency_set_stream_direct); expert_data reads it without the lock */
     atomic_bool stream_direct;
     bool stream_quarantined; /* several contexts came while mapped: untouched until one is left (set_shared) */
+    uint64_t stream_loan;    /* what the budget lends the buffers while they are mapped (set_stream_loan) */
+    bool stream_loan_held;   /* lent now: the policy keeps it free (reserved_room) */
     bool stream_direct_capable;   /* the buffers are laid out: config.stream_direct, DIRECT, slots, streaming */
     struct stream_buffer stream_buffers[STREAM_BUFFERS];
     char *stream_memory;          /* both buffers, 2 MiB aligned; NULL while no prompt streams */
@@ -426,10 +428,11 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
 static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int demand_huge_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
 static int stream_direct_create(struct guanaco_residency *r, const struct guanaco_residency_config *config);
-static bool stream_read_ahead(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n);
-static size_t stream_serve(struct guanaco_residency *r, uint32_t layer, size_t n);
+static bool stream_read_ahead(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
+                              uint32_t protect_layer, uint64_t token);
+static size_t stream_serve(struct guanaco_residency *r, uint32_t layer, size_t n, uint64_t token);
 static void stream_buffer_stop(struct guanaco_residency *r, struct stream_buffer *b);
-static bool stream_buffers_mapped(struct guanaco_residency *r);
+static bool stream_buffers_mapped(struct guanaco_residency *r, uint32_t protect_layer, uint64_t token);
 static void stream_buffers_release(struct guanaco_residency *r);
 static int drop_pending(struct guanaco_residency *r, bool streamed_too);
 static int finish_deferred(struct guanaco_residency *r, bool evict);
@@ -2090,12 +2093,13 @@ static int load_experts(struct guanaco_residency *r, uint32_t layer, size_t n, b
 
 static bool expert_cached(struct guanaco_residency *r, uint32_t layer, uint32_t e, bool reading_counts);
 
-/* The room the policy keeps beside its resident set for read-ahead in flight. A streamed run is left out: its
-   call uses its pages once and drops them, like the streamed call's own reads, which take no room either. Made
-   room for, a prompt's read-ahead evicted up to a layer of what decoding keeps, and decode read it all again
-   (own routing at 25%: pilot 0.90 of none; bench/PIPELINE.md). */
-static uint64_t read_ahead_reserve(const struct guanaco_residency *r) {
-    return r->prefetch_outstanding - r->stream_outstanding;
+/* The room the policy keeps beside its resident set: for read-ahead in flight, and what the budget lends the
+   stream buffers while they are mapped (set_stream_loan). A streamed run is left out: its call uses its pages
+   once and drops them, like the streamed call's own reads, which take no room either. Made room for, a prompt's
+   read-ahead evicted up to a layer of what decoding keeps, and decode read it all again (own routing at 25%:
+   pilot 0.90 of none; bench/PIPELINE.md). */
+static uint64_t reserved_room(const struct guanaco_residency *r) {
+    return r->prefetch_outstanding - r->stream_outstanding + (r->stream_loan_held ? r->stream_loan : 0);
 }
 
 /*
@@ -2136,7 +2140,7 @@ static void release_run(struct guanaco_residency *r, struct prefetch_run *run) {
     r->stream_outstanding -= run->streamed ? run->bytes : 0;
     run->active = false;
     unmap_huge(run);
-    guanaco_policy_set_reserve(r->policy, read_ahead_reserve(r));
+    guanaco_policy_set_reserve(r->policy, reserved_room(r));
 }
 
 /*
@@ -2387,7 +2391,8 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         r->stream_ahead[layer] = true;
         set_streaming(r, true);
     }
-    if (streamed && r->stream_direct && stream_read_ahead(r, layer, experts, n_read < n ? n_read : n)) {
+    if (streamed && r->stream_direct &&
+        stream_read_ahead(r, layer, experts, n_read < n ? n_read : n, protect_layer, token)) {
         return drop_pending(r, false); /* as below: the last call's victims, while the layer computes */
     }
     /* Room inside the budget, for decode's guesses: the policy gives up its least wanted experts, never the
@@ -2396,13 +2401,13 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
        no room (read_ahead_reserve): with the current one, two layers' pages are cached until the next call. */
     int err = 0;
     if (!streamed) {
-        guanaco_policy_set_reserve(r->policy, read_ahead_reserve(r) + wanted * expert_bytes);
+        guanaco_policy_set_reserve(r->policy, reserved_room(r) + wanted * expert_bytes);
         err = evict_by_policy(r, protect_layer, token, &r->pending_drops);
-        uint64_t used = guanaco_policy_resident_bytes(r->policy) + read_ahead_reserve(r);
+        uint64_t used = guanaco_policy_resident_bytes(r->policy) + reserved_room(r);
         uint64_t budget = r->budget_bytes;
         size_t fits = used < budget ? (size_t)((budget - used) / expert_bytes) : 0;
         wanted = fits < wanted ? fits : wanted;
-        guanaco_policy_set_reserve(r->policy, read_ahead_reserve(r) + wanted * expert_bytes);
+        guanaco_policy_set_reserve(r->policy, reserved_room(r) + wanted * expert_bytes);
     }
     /* ascending ids: consecutive experts are consecutive bytes of every tensor, so they share requests */
     qsort(r->prefetch_wanted, wanted, sizeof(*r->prefetch_wanted), compare_u32);
@@ -2459,7 +2464,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
         (void)guanaco_io_submit(r->io, &run->job, run->requests, run->n_requests, 0);
         i += count;
     }
-    guanaco_policy_set_reserve(r->policy, read_ahead_reserve(r));
+    guanaco_policy_set_reserve(r->policy, reserved_room(r));
     int drop_error = drop_pending(r, false); /* these victims and any the last call left; the layer computes */
     return err ? err : drop_error;
 }
@@ -2517,8 +2522,9 @@ static int stream_direct_create(struct guanaco_residency *r, const struct guanac
 }
 
 /* The buffers, mapped at the first streamed call: 2 MiB aligned and advised MADV_HUGEPAGE, so that filling them
-   faults once per 2 MiB, and kept from then on. false (and stream_direct off) when they cannot be mapped. */
-static bool stream_buffers_mapped(struct guanaco_residency *r) {
+   faults once per 2 MiB, and kept from then on. false (and stream_direct off) when they cannot be mapped. Where
+   the budget lends them room, its least wanted experts (never protect_layer's) go now, before the buffers fill. */
+static bool stream_buffers_mapped(struct guanaco_residency *r, uint32_t protect_layer, uint64_t token) {
     if (r->stream_memory || !r->stream_direct) {
         return r->stream_memory != NULL;
     }
@@ -2546,6 +2552,11 @@ static bool stream_buffers_mapped(struct guanaco_residency *r) {
     for (uint32_t b = 0; b < STREAM_BUFFERS; b++) {
         r->stream_buffers[b].at = aligned + b * each;
     }
+    if (r->stream_loan) {
+        r->stream_loan_held = true;
+        guanaco_policy_set_reserve(r->policy, reserved_room(r));
+        (void)evict_by_policy(r, protect_layer, token, NULL); /* a failed drop was logged; the call goes on */
+    }
     return true;
 }
 
@@ -2561,6 +2572,10 @@ static void stream_buffers_release(struct guanaco_residency *r) {
     }
     munmap(r->stream_memory, r->stream_memory_bytes);
     r->stream_memory = NULL;
+    if (r->stream_loan_held) {
+        r->stream_loan_held = false; /* decode may fill the whole budget again */
+        guanaco_policy_set_reserve(r->policy, reserved_room(r));
+    }
 }
 
 /* Stops the buffer's reads and empties it: what a read-ahead read for no call counts as wasted. */
@@ -2655,8 +2670,9 @@ static void stream_submit(struct guanaco_residency *r, struct stream_buffer *b, 
 
 /* A streamed layer's read-ahead (prefetch_locked): the named experts that are not held, into a buffer. false when
    the buffers cannot be had: the page cache reads it ahead instead. */
-static bool stream_read_ahead(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n) {
-    if (r->shared || r->stream_quarantined || !stream_buffers_mapped(r)) {
+static bool stream_read_ahead(struct guanaco_residency *r, uint32_t layer, const uint32_t *experts, size_t n,
+                              uint32_t protect_layer, uint64_t token) {
+    if (r->shared || r->stream_quarantined || !stream_buffers_mapped(r, protect_layer, token)) {
         return false;
     }
     struct stream_buffer *b = stream_buffer_for(r, layer);
@@ -2710,8 +2726,8 @@ static int stream_wait(struct guanaco_residency *r, struct stream_buffer *b, int
  * it (guanaco_residency_expert_data). Returns n, or 0 when a read failed: the caller reads them through the page
  * cache instead, whose errors reach the call.
  */
-static size_t stream_serve(struct guanaco_residency *r, uint32_t layer, size_t n) {
-    if (r->shared || r->stream_quarantined || !stream_buffers_mapped(r)) {
+static size_t stream_serve(struct guanaco_residency *r, uint32_t layer, size_t n, uint64_t token) {
+    if (r->shared || r->stream_quarantined || !stream_buffers_mapped(r, layer, token)) {
         return 0;
     }
     struct stream_buffer *b = stream_buffer_for(r, layer);
@@ -3090,7 +3106,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     }
     pending_error = deferred_error ? deferred_error : pending_error;
     (void)claim_prefetch(r, layer, call, stream, &n_missing);
-    if (buffered && n_missing && stream_serve(r, layer, n_missing) == n_missing) {
+    if (buffered && n_missing && stream_serve(r, layer, n_missing, token) == n_missing) {
         n_missing = 0;
     }
     if (defers(r, stream) && n_demand && n_missing == n_demand) {
@@ -3139,7 +3155,7 @@ static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_dis
         }
         return err;
     }
-    uint64_t resident = guanaco_policy_resident_bytes(r->policy) + read_ahead_reserve(r);
+    uint64_t resident = guanaco_policy_resident_bytes(r->policy) + reserved_room(r);
     if (resident > r->stats.peak_resident_bytes) {
         r->stats.peak_resident_bytes = resident;
     }
@@ -3456,6 +3472,16 @@ void guanaco_residency_set_stream_direct(struct guanaco_residency *r, bool on) {
     pthread_mutex_lock(&r->lock);
     r->stream_direct = on && r->stream_direct_capable;
     r->stats.stream_direct = r->stream_direct;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void guanaco_residency_set_stream_loan(struct guanaco_residency *r, uint64_t bytes) {
+    if (!r) {
+        return;
+    }
+    pthread_mutex_lock(&r->lock);
+    r->stream_loan = bytes;
+    guanaco_policy_set_reserve(r->policy, reserved_room(r)); /* the next call's eviction keeps it, if held */
     pthread_mutex_unlock(&r->lock);
 }
 

@@ -191,8 +191,9 @@ struct guanaco_residency_config {
        each streamed page was mapped afresh, and its first read cost about 1 us more than a page that stays
        mapped on a guest with shadow page tables (bench/PIPELINE.md). The buffers are mapped at a prompt's first
        streamed call, in 2 MiB pages, and given back at the first call that does not stream: 2 W of anonymous
-       memory in place of the 2 W of page cache above, while a prompt streams. The engine turns them off where
-       they do not fit (guanaco_residency_set_stream_direct). Not with several contexts (set_shared): page cache
+       memory in place of the 2 W of page cache above, while a prompt streams. Where they do not fit beside the
+       budget, the budget lends them what is missing while they are mapped (guanaco_residency_set_stream_loan),
+       and where that would be more than half of it the engine turns them off (set_stream_direct). Not with several contexts (set_shared): page cache
        as before, and buffers mapped when a second context came stay as they are (the first may be computing
        from one) until one context is left and calls again. */
     bool stream_direct;
@@ -385,6 +386,11 @@ void guanaco_residency_set_shared(struct guanaco_residency *r, bool shared);
    calls it): the buffers' memory goes back only at the next call that does not stream into them, and only once
    one context is left (set_shared). */
 void guanaco_residency_set_stream_direct(struct guanaco_residency *r, bool on);
+
+/* How much of the budget the stream buffers borrow while they are mapped, a prompt streaming (0: none, the
+   default): when they are mapped the policy gives up that many bytes of its least wanted experts, and takes them
+   back as decode wants them once the buffers go. The engine's rule of what memory leaves (budget.h). */
+void guanaco_residency_set_stream_loan(struct guanaco_residency *r, uint64_t bytes);
 
 /* Changes the budget (and the read-ahead allowance, half of it, when read-ahead is on). Nothing is
    evicted now: the next prepare_layer brings the resident bytes under it. */

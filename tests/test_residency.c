@@ -378,6 +378,68 @@ static void test_stream_direct(const struct model *m, enum guanaco_io_backend io
     guanaco_residency_destroy(r);
 }
 
+/*
+ * Where the stream buffers do not fit beside the budget, the budget lends them room while they are mapped
+ * (set_stream_loan): decode's least wanted experts go when a prompt's read-ahead maps them, never those of the
+ * layer computing, and the budget is whole again once the buffers go back at the next decode call.
+ */
+static void test_stream_loan(const struct model *m, enum guanaco_io_backend io) {
+    drop_whole_file(m);
+    const uint64_t budget = EXPERT_BYTES * 8, loan = EXPERT_BYTES * 4;
+    struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
+    config.stream_prompts = true;
+    config.stream_direct = true;
+    config.prefetch_bytes = EXPERT_BYTES * N_EXPERT;
+    struct guanaco_residency *r = NULL;
+    CHECK(guanaco_residency_create(&config, &r) == 0);
+    if (!r) {
+        return;
+    }
+    guanaco_residency_set_stream_loan(r, loan);
+    int32_t ids[N_EXPERT];
+    uint32_t named[N_EXPERT];
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        ids[e] = (int32_t)e;
+        named[e] = e;
+    }
+    uint32_t first = 0, second = 1, third = 2;
+    while (third < m->n_layer && !is_moe(m, third)) {
+        third++;
+    }
+    /* decode fills the budget: four experts of two layers */
+    CHECK(guanaco_residency_prepare_layer(r, first, ids, 4, 0) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    CHECK(guanaco_residency_prepare_layer(r, second, ids, 4, 1) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.resident_bytes == budget);
+    /* the second layer computes; the prompt's next layer is read ahead into the buffers, which borrow half */
+    CHECK(guanaco_residency_prefetch(r, third, named, N_EXPERT, N_EXPERT, second, 1) == 0);
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.resident_bytes <= budget - loan);
+    bool kept = true, lent = false;
+    for (uint32_t e = 0; e < 4; e++) {
+        kept = kept && guanaco_residency_is_resident(r, second, e);
+        lent = lent || !guanaco_residency_is_resident(r, first, e);
+    }
+    CHECK(kept && lent);
+    CHECK(guanaco_residency_prepare_layer(r, third, ids, N_EXPERT, 2) == 0);
+    bool served = true;
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        served = served && served_from_buffer(m, r, third, e);
+    }
+    CHECK(served);
+    /* decode: the buffers go back with the loan, and decode holds the whole budget again */
+    CHECK(guanaco_residency_prepare_layer(r, first, ids, 4, 3) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.resident_bytes == budget && st.load_failures == 0);
+    printf("  %-8s stream buffers: the budget lends them %.1f MB while a prompt streams, and has it back after\n",
+           guanaco_io_backend_name(io), (double)loan / 1e6);
+    guanaco_residency_destroy(r);
+}
+
 /* Whether the page holding p is mapped in this process: mincore fails with ENOMEM on an unmapped range. */
 static bool address_mapped(const void *p) {
     unsigned char vec;
@@ -2640,6 +2702,7 @@ int main(void) {
             test_slots_shared(&m, io);
             test_stream_direct(&m, io);
             test_stream_direct_contexts(&m, io);
+            test_stream_loan(&m, io);
             test_arena_slots(&m, io);
             test_arena_slot_faults(&m, io);
             fixed_slots = false;

@@ -527,17 +527,33 @@ static void test_budget(void) {
         CHECK(auto_budget.spares == plain.budget - auto_budget.budget);
         CHECK(auto_budget.budget >= budgets[i] && auto_budget.budget <= budgets[i] + 64);
     }
+    /* the token embedding's rows a token does not read are left to the kernel: the budget gets them */
+    struct guanaco_manifest untied = m;
+    untied.cold_embedding_bytes = 1ull << 30;
+    struct guanaco_auto_budget with_output;
+    guanaco_auto_budget(8ull << 30, &m, 0, false, false, &auto_budget);
+    guanaco_auto_budget(8ull << 30, &untied, 0, false, false, &with_output);
+    CHECK(guanaco_hot_non_expert_bytes(&untied) == 0 && guanaco_hot_non_expert_bytes(&m) == 1ull << 30);
+    CHECK(with_output.budget == auto_budget.budget + (1ull << 30));
     /* too little memory: the floor of a quarter layer's experts */
     guanaco_auto_budget(1ull << 30, &m, 0, false, false, &auto_budget);
     CHECK(auto_budget.at_floor && auto_budget.budget == (8ull << 30) / 4 / 4);
-    /* the stream buffers fit where memory holds the non-expert weights, the budget, the contexts and them; before
-       the contexts are known, the load-time margin (1 GiB + 10%) stands in for them */
+    /* the stream buffers fit where memory holds the non-expert weights, the budget, the contexts, 256 MiB for the
+       process and them; before the contexts are known, the load-time margin (1 GiB + 10%) stands in for the last
+       two */
     const uint64_t gib = 1ull << 30;
-    CHECK(guanaco_stream_buffers_fit(6 * gib, gib, 2 * gib, (int64_t)gib, true, 2 * gib));
-    CHECK(!guanaco_stream_buffers_fit(6 * gib, gib, 2 * gib, (int64_t)gib + 1, true, 2 * gib));
-    CHECK(!guanaco_stream_buffers_fit(6 * gib, gib, 2 * gib, 0, false, 2 * gib));
-    CHECK(guanaco_stream_buffers_fit(7 * gib, gib, 2 * gib, 0, false, 2 * gib));
-    CHECK(!guanaco_stream_buffers_fit(gib, 2 * gib, gib, 0, true, 1)); /* nothing left at all */
+    const uint64_t process = 256ull << 20; /* the known margin's fixed part, for the process's own memory */
+    CHECK(guanaco_stream_buffers_loan(6 * gib + process, gib, 2 * gib, (int64_t)gib, true, 2 * gib) == 0);
+    CHECK(guanaco_stream_buffers_loan(7 * gib, gib, 2 * gib, 0, false, 2 * gib) == 0);
+    /* short of room: the budget lends what is missing, up to half of itself */
+    CHECK(guanaco_stream_buffers_loan(6 * gib + process, gib, 2 * gib, (int64_t)gib + 1, true, 2 * gib) == 1);
+    CHECK(guanaco_stream_buffers_loan(6 * gib, gib, 2 * gib, (int64_t)gib, true, 2 * gib) == process);
+    CHECK(guanaco_stream_buffers_loan(6 * gib, gib, 2 * gib, 0, false, 2 * gib) ==
+          (uint64_t)((double)(6 * gib) * 0.10)); /* 1 GiB + 10% stand in for the contexts */
+    CHECK(guanaco_stream_buffers_loan(6 * gib + process, gib, 2 * gib, (int64_t)(2 * gib), true, 2 * gib) == gib);
+    CHECK(guanaco_stream_buffers_loan(6 * gib + process, gib, 2 * gib, (int64_t)(2 * gib) + 1, true, 2 * gib) ==
+          GUANACO_STREAM_BUFFERS_REFUSED); /* more than half the budget */
+    CHECK(guanaco_stream_buffers_loan(gib, 2 * gib, gib, 0, true, 1) == GUANACO_STREAM_BUFFERS_REFUSED);
     /* the preload share: whole experts in proportion to the budget, capped by n_expert and max_per_layer */
     CHECK(guanaco_preload_count(2ull << 30, 8ull << 30, 8, 0) == 2);
     CHECK(guanaco_preload_count(16ull << 30, 8ull << 30, 8, 0) == 8);

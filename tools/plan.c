@@ -499,8 +499,8 @@ static int load_model(const struct plan_options *options, struct guanaco_manifes
 static void print_model(const struct replay_geometry *geometry, uint64_t non_expert) {
     printf("model        %s: %u layers, %u with experts, %u experts each, top-%u\n", geometry->description,
            geometry->n_layer, geometry->n_moe_layers, geometry->n_expert, geometry->top_k);
-    printf("weights      experts %.3f GiB, other weights %.3f GiB\n", (double)geometry->total_expert_bytes / GIB,
-           (double)non_expert / GIB);
+    printf("weights      experts %.3f GiB, other weights a token reads %.3f GiB\n",
+           (double)geometry->total_expert_bytes / GIB, (double)non_expert / GIB);
 }
 
 /* Appends a synthetic trace of the model's own shape, from the preset closest to it, and says that the routing
@@ -803,7 +803,7 @@ int main(int argc, char **argv) {
     if (load_model(&options, &manifest, &have_manifest, &geometry) != 0) {
         goto done;
     }
-    uint64_t non_expert = manifest.total_bytes - manifest.expert_bytes;
+    uint64_t non_expert = guanaco_hot_non_expert_bytes(&manifest); /* as the engine's auto rule counts them */
     struct guanaco_options engine_options;
     if (guanaco_options_get(&engine_options) == 0) {
         options.keeps_spares = engine_options.load != GUANACO_LOAD_PAGE_CACHE; /* auto is direct */
