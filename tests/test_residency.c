@@ -297,23 +297,31 @@ static bool expert_in_page_cache(const struct model *m, uint32_t layer, uint32_t
  * read-ahead lands in the other buffer while a layer computes, without touching the computing one. When a read
  * fails, the call reads through the page cache instead and succeeds; a buffer serves only its own call.
  */
-static void test_stream_direct(const struct model *m, enum guanaco_io_backend io) {
+/* A residency that streams prompts into the stream buffers under `budget`, the file's pages dropped first; NULL
+   after a failed check. ids and named get every expert of a layer. */
+static struct guanaco_residency *create_streaming(const struct model *m, uint64_t budget, enum guanaco_io_backend io,
+                                                  int32_t *ids, uint32_t *named) {
     drop_whole_file(m);
-    uint64_t budget = EXPERT_BYTES * 3;
     struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
     config.stream_prompts = true;
     config.stream_direct = true;
     config.prefetch_bytes = EXPERT_BYTES * N_EXPERT;
     struct guanaco_residency *r = NULL;
     CHECK(guanaco_residency_create(&config, &r) == 0);
-    if (!r) {
-        return;
-    }
-    int32_t ids[N_EXPERT];
-    uint32_t named[N_EXPERT];
     for (uint32_t e = 0; e < N_EXPERT; e++) {
         ids[e] = (int32_t)e;
         named[e] = e;
+    }
+    return r;
+}
+
+static void test_stream_direct(const struct model *m, enum guanaco_io_backend io) {
+    const uint64_t budget = EXPERT_BYTES * 3;
+    int32_t ids[N_EXPERT];
+    uint32_t named[N_EXPERT];
+    struct guanaco_residency *r = create_streaming(m, budget, io, ids, named);
+    if (!r) {
+        return;
     }
     const uint32_t first = 0, second = 1;
     /* a resident expert first: a prompt's call hits it in its slot, and streams the rest */
@@ -384,24 +392,14 @@ static void test_stream_direct(const struct model *m, enum guanaco_io_backend io
  * layer computing, and the budget is whole again once the buffers go back at the next decode call.
  */
 static void test_stream_loan(const struct model *m, enum guanaco_io_backend io) {
-    drop_whole_file(m);
     const uint64_t budget = EXPERT_BYTES * 8, loan = EXPERT_BYTES * 4;
-    struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
-    config.stream_prompts = true;
-    config.stream_direct = true;
-    config.prefetch_bytes = EXPERT_BYTES * N_EXPERT;
-    struct guanaco_residency *r = NULL;
-    CHECK(guanaco_residency_create(&config, &r) == 0);
+    int32_t ids[N_EXPERT];
+    uint32_t named[N_EXPERT];
+    struct guanaco_residency *r = create_streaming(m, budget, io, ids, named);
     if (!r) {
         return;
     }
     guanaco_residency_set_stream_loan(r, loan);
-    int32_t ids[N_EXPERT];
-    uint32_t named[N_EXPERT];
-    for (uint32_t e = 0; e < N_EXPERT; e++) {
-        ids[e] = (int32_t)e;
-        named[e] = e;
-    }
     uint32_t first = 0, second = 1, third = 2;
     while (third < m->n_layer && !is_moe(m, third)) {
         third++;
@@ -454,19 +452,11 @@ static bool address_mapped(const void *p) {
  * set_stream_direct, and emptied by set_shared, under the first context's matmuls.)
  */
 static void test_stream_direct_contexts(const struct model *m, enum guanaco_io_backend io) {
-    drop_whole_file(m);
-    struct guanaco_residency_config config = config_of(m, EXPERT_BYTES * 3, 0, GUANACO_POLICY_LRU, io);
-    config.stream_prompts = true;
-    config.stream_direct = true;
-    config.prefetch_bytes = EXPERT_BYTES * N_EXPERT;
-    struct guanaco_residency *r = NULL;
-    CHECK(guanaco_residency_create(&config, &r) == 0);
+    int32_t ids[N_EXPERT];
+    uint32_t named[N_EXPERT];
+    struct guanaco_residency *r = create_streaming(m, EXPERT_BYTES * 3, io, ids, named);
     if (!r) {
         return;
-    }
-    int32_t ids[N_EXPERT];
-    for (uint32_t e = 0; e < N_EXPERT; e++) {
-        ids[e] = (int32_t)e;
     }
     const uint32_t first = 0, second = 1;
     CHECK(guanaco_residency_prepare_layer(r, first, ids, N_EXPERT, 0) == 0);
