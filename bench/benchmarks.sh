@@ -30,9 +30,11 @@ QWEN_PRESET="$DIR/qwen3-preset.trace"
 QWEN24="$DIR/qwen3-30b-a3b-24L-Q8_0.gguf"      # the pipeline's model: the issue's 16.5 GB shape
 QWEN24_PRESET="$DIR/qwen3-preset-24L.trace"
 
-model() { # model PATH ARGS...: write a synthetic model once
+model() { # model PATH ARGS...: write a synthetic model once, and wait for it to reach the disk: Mixtral's warm
+    # reference, measured while its 6.7 GB 8-layer slice was still being written back, gave 638 ms per token where
+    # the same slice measured 305-457 ms once synced (Dec 5, bench/PIPELINE.md)
     local path=$1; shift
-    [ -f "$path" ] || { "$BIN/guanaco-mkmodel" "$@" -o "$path.partial" && mv "$path.partial" "$path"; }
+    [ -f "$path" ] || { "$BIN/guanaco-mkmodel" "$@" -o "$path.partial" && mv "$path.partial" "$path" && sync; }
 }
 
 if [ "${1:-}" != --assemble ]; then
@@ -56,7 +58,7 @@ if [ "${1:-}" != --assemble ]; then
 
     # ---- live: warm in-RAM compute of Mixtral from its 8-layer slice (read into the page cache first) ----
     cat "$MIXTRAL_8L" >/dev/null
-    GUANACO_LOG=0 "$BIN/llama-bench" -m "$MIXTRAL_8L" -p 0 -n "$TOKENS" -r 1 -nr -o csv >"$DIR/mixtral-8L-ram.csv"
+    GUANACO_LOG=0 "$BIN/llama-bench" -m "$MIXTRAL_8L" -p 0 -n "$TOKENS" -r 3 -nr -o csv >"$DIR/mixtral-8L-ram.csv"
     mixtral_ms=$(awk -F'"?,"?' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i }
         NR == 2 { gsub(/"/, "", $c["avg_ts"]); printf "%.0f", 4 * 1000 / $c["avg_ts"] }' "$DIR/mixtral-8L-ram.csv")
 
