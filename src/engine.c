@@ -1013,28 +1013,26 @@ static int guard_mappings(struct guanaco_engine *engine, char *const *mapping_ba
 static void drop_uploaded_weights(const struct guanaco_engine *engine, guanaco_tensor_lookup lookup, void *user) {
     const struct guanaco_manifest *m = &engine->manifest;
     uint64_t dropped = 0;
-    for (int s = 0; s < m->n_shards; s++) {
-        struct gguf_init_params params = {.no_alloc = true, .ctx = NULL};
-        struct gguf_context *gguf = gguf_init_from_file(m->shard_paths[s], params);
-        int fd = gguf ? open(m->shard_paths[s], O_RDONLY | O_CLOEXEC) : -1;
-        const uint64_t data_offset = gguf ? (uint64_t)gguf_get_data_offset(gguf) : 0;
-        for (int64_t i = 0; fd >= 0 && i < gguf_get_n_tensors(gguf); i++) {
-            const struct ggml_tensor *t = lookup(gguf_get_tensor_name(gguf, i), user);
-            if (!t || !t->buffer || ggml_backend_buffer_is_host(t->buffer)) {
-                continue;
+    int fd = -1, fd_shard = -1;
+    for (size_t i = 0; i < m->n_file_tensors; i++) {
+        const struct guanaco_file_tensor *f = &m->file_tensors[i];
+        const struct ggml_tensor *t = lookup(f->name, user);
+        if (!t || !t->buffer || ggml_backend_buffer_is_host(t->buffer)) {
+            continue;
+        }
+        if (f->shard != fd_shard) { /* file order: each shard is opened once */
+            if (fd >= 0) {
+                close(fd);
             }
-            uint64_t offset = data_offset + (uint64_t)gguf_get_tensor_offset(gguf, i);
-            uint64_t size = (uint64_t)gguf_get_tensor_size(gguf, i);
-            if (posix_fadvise(fd, (off_t)offset, (off_t)size, POSIX_FADV_DONTNEED) == 0) {
-                dropped += size;
-            }
+            fd = open(m->shard_paths[f->shard], O_RDONLY | O_CLOEXEC);
+            fd_shard = f->shard;
         }
-        if (fd >= 0) {
-            close(fd);
+        if (fd >= 0 && posix_fadvise(fd, (off_t)f->file_offset, (off_t)f->nbytes, POSIX_FADV_DONTNEED) == 0) {
+            dropped += f->nbytes;
         }
-        if (gguf) {
-            gguf_free(gguf);
-        }
+    }
+    if (fd >= 0) {
+        close(fd);
     }
     if (dropped) {
         guanaco_log_info("dropped %.1f MiB of weights uploaded to a device from the host's page cache",

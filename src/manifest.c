@@ -197,6 +197,13 @@ static int add_shard_tensors(struct gguf_context *gguf, struct ggml_context *met
     const char *path = out->shard_paths[shard];
     uint64_t data_offset = gguf_get_data_offset(gguf);
     int64_t n = gguf_get_n_tensors(gguf);
+    if (n > 0) {
+        struct guanaco_file_tensor *grown = realloc(out->file_tensors, (out->n_file_tensors + (size_t)n) * sizeof(*grown));
+        if (!grown) {
+            return -ENOMEM;
+        }
+        out->file_tensors = grown;
+    }
     for (int64_t i = 0; i < n; i++) {
         const char *name = gguf_get_tensor_name(gguf, i);
         uint64_t offset = data_offset + gguf_get_tensor_offset(gguf, i);
@@ -208,6 +215,11 @@ static int add_shard_tensors(struct gguf_context *gguf, struct ggml_context *met
             return -EIO;
         }
         out->total_bytes += nbytes;
+        struct guanaco_file_tensor *f = &out->file_tensors[out->n_file_tensors++];
+        snprintf(f->name, sizeof(f->name), "%s", name);
+        f->shard = shard;
+        f->file_offset = offset;
+        f->nbytes = nbytes;
         if (strcmp(name, "token_embd.weight") == 0) {
             out->cold_embedding_bytes = nbytes; /* zeroed below when no output.weight takes the output's part */
         }
@@ -343,6 +355,7 @@ void guanaco_manifest_free(struct guanaco_manifest *manifest) {
     free(manifest->shard_paths);
     free(manifest->shard_sizes);
     free(manifest->tensors);
+    free(manifest->file_tensors);
     memset(manifest, 0, sizeof(*manifest));
 }
 

@@ -280,7 +280,22 @@ static void test_manifest(const char *dir) {
     uint64_t expected_bytes = 2ull * 3 * TEST_EXPERTS * TEST_FF * TEST_EMBD * 2;
     CHECK(m.expert_bytes == expected_bytes);
     CHECK(m.cold_embedding_bytes == 0); /* no output.weight: the embedding is the output matrix too, read whole */
+    /* every tensor's extent, experts and the rest, as the expert table has them: the engine's later passes use
+       them instead of parsing the file again */
+    uint64_t listed_bytes = 0;
+    bool embedding_listed = false, down_listed = false;
+    for (size_t i = 0; i < m.n_file_tensors; i++) {
+        const struct guanaco_file_tensor *f = &m.file_tensors[i];
+        listed_bytes += f->nbytes;
+        CHECK(f->shard == 0 && f->file_offset + f->nbytes <= (uint64_t)size);
+        embedding_listed = embedding_listed || strcmp(f->name, "token_embd.weight") == 0;
+        if (down && strcmp(f->name, down->name) == 0) {
+            down_listed = f->file_offset == down->file_offset && f->nbytes == down->nbytes;
+        }
+    }
+    CHECK(m.n_file_tensors > m.n_tensors && listed_bytes == m.total_bytes && embedding_listed && down_listed);
     guanaco_manifest_free(&m);
+    CHECK(m.file_tensors == NULL && m.n_file_tensors == 0);
     test_gguf_output = true;
     CHECK(write_test_gguf(path, true) > 0);
     CHECK(guanaco_manifest_load(path, NULL, 0, &m) == 0);
