@@ -1,6 +1,7 @@
 # lib.sh - owns what Guanaco's shell tests share: check NAME STATUS DETAIL
-# records a PASS or FAIL line, and finish prints the "N passed, N failed" line
-# CI reads, removes the scratch folder when everything passed, and exits.
+# records a PASS or FAIL line (check_has NAME TEXT OUTPUT: for a line an
+# output must hold), and finish prints the "N passed, N failed" line CI reads,
+# removes the scratch folder when everything passed, and exits.
 # Source it after setting W (the test's scratch folder).
 passed=0 failed=0
 check() {
@@ -9,6 +10,11 @@ check() {
     else
         failed=$((failed + 1)); echo "FAIL $1: $3"
     fi
+}
+# check_has NAME TEXT OUTPUT: check that OUTPUT holds TEXT, as written (no pattern), and show OUTPUT when it does not
+check_has() {
+    grep -qF -- "$2" <<<"$3"
+    check "$1" $? "$3"
 }
 finish() {
     [ "$failed" -eq 0 ] && [ -n "${W:-}" ] && rm -rf "$W"

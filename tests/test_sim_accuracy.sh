@@ -37,25 +37,19 @@ MD
 
 out=$(bash "$ROOT/bench/sim_accuracy.sh" "$W/runs" a b missing 2>&1)
 check "sim_accuracy.sh runs" $? "$out"
-grep -qF "| a | 10% | guanaco | decode | 9.42 | 10.28 | +9% |" <<<"$out"
-check "a decode cell: the live median without its range, the simulated figure and the error" $? "$out"
-grep -qF "| a | 25% | guanaco | prompt | 40 | 46.40 | +16% |" <<<"$out"
-check "a prompt cell from the second table" $? "$out"
-grep -qF "| b | 50% | guanaco | decode | 1 | 0.85 | -15% |" <<<"$out"
-check "columns found by name, in any order" $? "$out"
+check_has "a decode cell: the live median without its range, the simulated figure and the error" "| a | 10% | guanaco | decode | 9.42 | 10.28 | +9% |" "$out"
+check_has "a prompt cell from the second table" "| a | 25% | guanaco | prompt | 40 | 46.40 | +16% |" "$out"
+check_has "columns found by name, in any order" "| b | 50% | guanaco | decode | 1 | 0.85 | -15% |" "$out"
 ! grep -qE "plain|gate" <<<"$out"
 check "plain and gate cells are not counted" $? "$out"
-grep -qF "**Simulator within 15% of live: 3 of 5 cells (60%; issue 8 asks for 80%)**: decode 2 of 3, prompt 1 of 2." <<<"$out"
-check "the count: +9% and -15% in, -16% and +16% out, +15% in" $? "$out"
-grep -qF "The decode stall per token alone (simulated against live, the same cells): within 15% in 1 of 2." <<<"$out"
-check "the stall apart: 44.4 against 50.2 in (-12%), 31.0 against 26.4 out (+17%), gate's '-' not counted" $? "$out"
+check_has "the count: +9% and -15% in, -16% and +16% out, +15% in" "**Simulator within 15% of live: 3 of 5 cells (60%; issue 8 asks for 80%)**: decode 2 of 3, prompt 1 of 2." "$out"
+check_has "the stall apart: 44.4 against 50.2 in (-12%), 31.0 against 26.4 out (+17%), gate's '-' not counted" "The decode stall per token alone (simulated against live, the same cells): within 15% in 1 of 2." "$out"
 ! grep -qF "decode stall |" <<<"$out"
 check "the stall is counted, not listed among the tok/s cells" $? "$out"
 
 out=$(bash "$ROOT/bench/sim_accuracy.sh" "$W/runs" missing 2>&1)
 check "runs without a report" $? "$out"
-grep -qF "no cell has a simulated figure" <<<"$out"
-check "and says there is nothing to count" $? "$out"
+check_has "and says there is nothing to count" "no cell has a simulated figure" "$out"
 out=$(bash "$ROOT/bench/sim_accuracy.sh" "$W/runs" 2>&1)
 [ $? -eq 2 ] && grep -q usage <<<"$out"
 check "no run named: usage, exit 2" $? "$out"
