@@ -40,10 +40,10 @@ double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_by
 /* What a prompt's stream buffers (--guanaco-stream-direct: anonymous memory, held while a prompt streams) must
    borrow from the budget to fit in `memory` beside the non-expert weights a ubatch reads (hot_non_expert_bytes:
    the engine leaves out the token embedding's, of which a prompt reads its own rows only), the budget and the
-   contexts' buffers (and, once those are known, 256 MiB for the process): 0 where they fit beside it, GUANACO_STREAM_BUFFERS_REFUSED where more than half the budget
-   would go (budget.c). Before any context exists (contexts_known false) the load-time margin stands in for the
-   contexts. Their memory takes the place of the page cache a prompt streamed through, which the kernel could
-   reclaim; this it cannot. */
+   contexts' buffers (and, once those are known, 256 MiB for the process): 0 where they fit beside it,
+   GUANACO_STREAM_BUFFERS_REFUSED where more than half the budget would go (budget.c). Before any context exists
+   (contexts_known false) the load-time margin stands in for the contexts. Their memory takes the place of the
+   page cache a prompt streamed through, which the kernel could reclaim; this it cannot. */
 #define GUANACO_STREAM_BUFFERS_REFUSED UINT64_MAX
 uint64_t guanaco_stream_buffers_loan(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
                                      int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes);

@@ -369,18 +369,19 @@ static void choose_stream_direct(struct guanaco_engine *engine, bool contexts_kn
     }
     engine->stream_direct_told = fit;
     engine->stream_loan_told = loan;
-    if (fit && loan) {
-        guanaco_log_info("prompts stream with O_DIRECT into two layer buffers, %.2f GiB in all while a prompt streams, "
-                         "%.2f GiB of it lent by the budget (%.2f GiB) while they are held: %.2f GiB holds beside "
-                         "them only the non-expert weights %.2f GiB (without the token embedding's), the contexts' "
-                         "buffers %.2f GiB and a margin for the process; decode's least wanted experts make room, "
-                         "and are read again when wanted",
-                         gib(st.stream_buffer_bytes), gib(loan), gib(engine->budget_bytes),
-                         gib(engine->process_memory), gib(hot_non_expert),
-                         gib((uint64_t)(contexts > 0 ? contexts : 0)));
-    } else if (fit) {
-        guanaco_log_info("prompts stream with O_DIRECT into two layer buffers, %.2f GiB in all while a prompt streams",
-                         gib(st.stream_buffer_bytes));
+    if (fit) {
+        char lent[512] = "";
+        if (loan) {
+            snprintf(lent, sizeof(lent),
+                     ", %.2f GiB of it lent by the budget (%.2f GiB) while they are held: %.2f GiB holds beside them "
+                     "only the non-expert weights %.2f GiB (without the token embedding's), the contexts' buffers "
+                     "%.2f GiB and a margin for the process; decode's least wanted experts make room, and are read "
+                     "again when wanted",
+                     gib(loan), gib(engine->budget_bytes), gib(engine->process_memory), gib(hot_non_expert),
+                     gib((uint64_t)(contexts > 0 ? contexts : 0)));
+        }
+        guanaco_log_info("prompts stream with O_DIRECT into two layer buffers, %.2f GiB in all while a prompt "
+                         "streams%s", gib(st.stream_buffer_bytes), lent);
     } else {
         guanaco_log_info("prompts stream through the page cache: the O_DIRECT stream buffers (%.2f GiB) do not fit in "
                          "%.2f GiB beside the non-expert weights (%.2f GiB without the token embedding's), the "

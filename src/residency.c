@@ -2398,7 +2398,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     /* Room inside the budget, for decode's guesses: the policy gives up its least wanted experts, never the
        protected layer's. The victims' pages are dropped once the runs are submitted: the disk starts on them
        first. The runs' neighbours keep their shared edge pages (holds() counts runs). A streamed layer takes
-       no room (read_ahead_reserve): with the current one, two layers' pages are cached until the next call. */
+       no room (reserved_room): with the current one, two layers' pages are cached until the next call. */
     int err = 0;
     if (!streamed) {
         guanaco_policy_set_reserve(r->policy, reserved_room(r) + wanted * expert_bytes);

@@ -193,9 +193,9 @@ struct guanaco_residency_config {
        streamed call, in 2 MiB pages, and given back at the first call that does not stream: 2 W of anonymous
        memory in place of the 2 W of page cache above, while a prompt streams. Where they do not fit beside the
        budget, the budget lends them what is missing while they are mapped (guanaco_residency_set_stream_loan),
-       and where that would be more than half of it the engine turns them off (set_stream_direct). Not with several contexts (set_shared): page cache
-       as before, and buffers mapped when a second context came stay as they are (the first may be computing
-       from one) until one context is left and calls again. */
+       and where that would be more than half of it the engine turns them off (set_stream_direct). Not with
+       several contexts (set_shared): page cache as before, and buffers mapped when a second context came stay
+       as they are (the first may be computing from one) until one context is left and calls again. */
     bool stream_direct;
 };
 

@@ -291,12 +291,6 @@ static bool expert_in_page_cache(const struct model *m, uint32_t layer, uint32_t
     return any;
 }
 
-/*
- * stream_direct: a prompt's calls read their missing experts with O_DIRECT into the stream buffers, and
- * MUL_MAT_ID finds them there with the file's bytes; the page cache holds none of them. The next layer's
- * read-ahead lands in the other buffer while a layer computes, without touching the computing one. When a read
- * fails, the call reads through the page cache instead and succeeds; a buffer serves only its own call.
- */
 /* A residency that streams prompts into the stream buffers under `budget`, the file's pages dropped first; NULL
    after a failed check. ids and named get every expert of a layer. */
 static struct guanaco_residency *create_streaming(const struct model *m, uint64_t budget, enum guanaco_io_backend io,
@@ -315,6 +309,12 @@ static struct guanaco_residency *create_streaming(const struct model *m, uint64_
     return r;
 }
 
+/*
+ * stream_direct: a prompt's calls read their missing experts with O_DIRECT into the stream buffers, and
+ * MUL_MAT_ID finds them there with the file's bytes; the page cache holds none of them. The next layer's
+ * read-ahead lands in the other buffer while a layer computes, without touching the computing one. When a read
+ * fails, the call reads through the page cache instead and succeeds; a buffer serves only its own call.
+ */
 static void test_stream_direct(const struct model *m, enum guanaco_io_backend io) {
     const uint64_t budget = EXPERT_BYTES * 3;
     int32_t ids[N_EXPERT];
