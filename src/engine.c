@@ -754,6 +754,8 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .overlap_layer = o->overlap_layer_follows_load ? load == GUANACO_RESIDENCY_LOAD_DIRECT : o->overlap_layer,
         .fixed_slots = o->fixed_slots,
         .stream_direct = o->stream_direct,
+        /* the size from which the read-ahead throttle counts a ubatch as a prompt's */
+        .prompt_min_ids = (size_t)m->n_expert_used * (GUANACO_GATE_MAX_TOKENS + 1),
     };
     /* direct loading's overlap needs MUL_MAT_ID to ask: one engine per process gets it, the others wait for
        their reads as without the overlap */

@@ -294,11 +294,12 @@ static bool expert_in_page_cache(const struct model *m, uint32_t layer, uint32_t
 /* A residency that streams prompts into the stream buffers under `budget`, the file's pages dropped first; NULL
    after a failed check. ids and named get every expert of a layer. */
 static struct guanaco_residency *create_streaming(const struct model *m, uint64_t budget, enum guanaco_io_backend io,
-                                                  int32_t *ids, uint32_t *named) {
+                                                  int32_t *ids, uint32_t *named, size_t prompt_min_ids) {
     drop_whole_file(m);
     struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
     config.stream_prompts = true;
     config.stream_direct = true;
+    config.prompt_min_ids = prompt_min_ids;
     config.prefetch_bytes = EXPERT_BYTES * N_EXPERT;
     struct guanaco_residency *r = NULL;
     CHECK(guanaco_residency_create(&config, &r) == 0);
@@ -319,7 +320,7 @@ static void test_stream_direct(const struct model *m, enum guanaco_io_backend io
     const uint64_t budget = EXPERT_BYTES * 3;
     int32_t ids[N_EXPERT];
     uint32_t named[N_EXPERT];
-    struct guanaco_residency *r = create_streaming(m, budget, io, ids, named);
+    struct guanaco_residency *r = create_streaming(m, budget, io, ids, named, 0);
     if (!r) {
         return;
     }
@@ -395,7 +396,7 @@ static void test_stream_loan(const struct model *m, enum guanaco_io_backend io) 
     const uint64_t budget = EXPERT_BYTES * 8, loan = EXPERT_BYTES * 4;
     int32_t ids[N_EXPERT];
     uint32_t named[N_EXPERT];
-    struct guanaco_residency *r = create_streaming(m, budget, io, ids, named);
+    struct guanaco_residency *r = create_streaming(m, budget, io, ids, named, 0);
     if (!r) {
         return;
     }
@@ -445,6 +446,58 @@ static bool address_mapped(const void *p) {
 }
 
 /*
+ * A prompt whose routing is skewed streams some layers and not others (fewer than half of their experts). Its
+ * calls that do not stream keep the stream buffers (prompt_min_ids), so the layers that stream after them find
+ * their pages already there; a decode call gives them back.
+ */
+static void test_stream_buffers_through_prompt(const struct model *m, enum guanaco_io_backend io) {
+    int32_t ids[N_EXPERT];
+    uint32_t named[N_EXPERT];
+    struct guanaco_residency *r = create_streaming(m, EXPERT_BYTES * 3, io, ids, named, 2 * N_EXPERT);
+    if (!r) {
+        return;
+    }
+    uint32_t first = 0, second = 1, third = 2;
+    while (third < m->n_layer && !is_moe(m, third)) {
+        third++;
+    }
+    CHECK(guanaco_residency_prepare_layer(r, first, ids, N_EXPERT, 0) == 0);
+    const void *held = NULL;
+    CHECK(served_from_buffer(m, r, first, 7) &&
+          guanaco_residency_expert_data(r, m->map + m->offset[first][0], 7, true, &held) && held);
+    /* the prompt's next layer: 2 tokens per expert id, two experts only; it does not stream */
+    int32_t skewed[2 * N_EXPERT];
+    for (uint32_t i = 0; i < 2 * N_EXPERT; i++) {
+        skewed[i] = (int32_t)(i % 2);
+    }
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    const uint64_t streamed = st.streamed_direct_bytes;
+    CHECK(guanaco_residency_prepare_layer(r, second, skewed, 2 * N_EXPERT, 0) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.streamed_direct_bytes == streamed); /* read into slots, not streamed */
+    CHECK(guanaco_residency_is_resident(r, second, 0) && guanaco_residency_is_resident(r, second, 1));
+    CHECK(held && address_mapped(held)); /* kept: not given back and mapped again */
+    CHECK(guanaco_residency_prepare_layer(r, third, ids, N_EXPERT, 0) == 0);
+    bool served = true;
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        served = served && served_from_buffer(m, r, third, e);
+    }
+    CHECK(served);
+    /* decode: one token's ids give them back (test_stream_loan sees the memory return); nothing serves from them */
+    CHECK(guanaco_residency_prepare_layer(r, first, ids + 3, 1, 1) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    const void *data = m->map;
+    CHECK(guanaco_residency_expert_data(r, m->map + m->offset[third][0], 9, true, &data) && data == NULL);
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.load_failures == 0);
+    printf("  %-8s stream buffers: kept through a prompt's layer that does not stream, given back at decode\n",
+           guanaco_io_backend_name(io));
+    guanaco_residency_destroy(r);
+}
+
+/*
  * A second context arrives while the first computes a streamed layer from a buffer, decodes, and leaves: the
  * first context's matmuls hold addresses in the buffer, so its bytes stay mapped and unchanged through the second
  * context's creation (set_shared, then set_stream_direct as the engine's memory rule runs), the second context's
@@ -454,7 +507,7 @@ static bool address_mapped(const void *p) {
 static void test_stream_direct_contexts(const struct model *m, enum guanaco_io_backend io) {
     int32_t ids[N_EXPERT];
     uint32_t named[N_EXPERT];
-    struct guanaco_residency *r = create_streaming(m, EXPERT_BYTES * 3, io, ids, named);
+    struct guanaco_residency *r = create_streaming(m, EXPERT_BYTES * 3, io, ids, named, 0);
     if (!r) {
         return;
     }
@@ -2692,6 +2745,7 @@ int main(void) {
             test_slots_shared(&m, io);
             test_stream_direct(&m, io);
             test_stream_direct_contexts(&m, io);
+            test_stream_buffers_through_prompt(&m, io);
             test_stream_loan(&m, io);
             test_arena_slots(&m, io);
             test_arena_slot_faults(&m, io);
