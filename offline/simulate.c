@@ -236,8 +236,10 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
     }
     size_t n = 0, n_read = 0;
     size_t distinct = trace->request_start[r + 1] - trace->request_start[r];
+    const bool whole_layer =
+        guanaco_predictor_reads_whole_next_layer(run->predictor, layer, distinct, (uint32_t)n_rows);
     if (guanaco_read_ahead_is_prompt(distinct, trace->n_expert)) {
-        for (uint32_t e = 0; e < trace->n_expert; e++) {
+        for (uint32_t e = 0; whole_layer && e < trace->n_expert; e++) {
             run->guess[n++] = e;
         }
         n_read = n;

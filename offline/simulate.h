@@ -132,8 +132,9 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  * against the warm page cache's large folios).
  */
 
-/* The engine's read-ahead rules are the runtime's (predictor.h: guanaco_read_ahead_is_prompt and
-   GUANACO_READ_AHEAD_SURE_PROBABILITY); the replay below applies the same ones. */
+/* The engine's read-ahead rules are the runtime's (predictor.h: guanaco_read_ahead_is_prompt,
+   guanaco_predictor_reads_whole_next_layer and GUANACO_READ_AHEAD_SURE_PROBABILITY); the replay below applies
+   the same ones. */
 
 struct guanaco_layer_reads {
     double compute_seconds;     /* this layer's compute */

@@ -568,13 +568,19 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
             }
         }
         size_t n = 0, n_read = 0;
+        const bool whole_layer = guanaco_predictor_reads_whole_next_layer(engine->predictor, (uint32_t)layer,
+                                                                          distinct, (uint32_t)n_tokens);
         if (guanaco_read_ahead_is_prompt(distinct, n_expert)) {
             /* a prompt: the next layer will need nearly all its experts too, read in file order. Not with
                DIRECT loading that does not stream prompts: its copies would enter the resident set, and the room
                they need, up to half the budget, would evict what decoding keeps (256-token prompts at 25%, replayed
                routing: 32.9% of the run's accesses hit against 36.9% without, decode 2.8-3.2 against 3.4-3.6
-               tok/s; bench/PIPELINE.md) */
-            for (uint32_t e = 0; engine->prompt_read_ahead && e < n_expert; e++) {
+               tok/s; bench/PIPELINE.md). Nor where the next layer's last prompt call used under 3/4 of its
+               experts (skewed routing): all of them wasted a third of the read-ahead and filled its buffer, which
+               at a tight limit took the non-expert weights' page cache (own routing at 25%: pilot against none
+               0.85x on 256-token prompts and 0.86x in decode after them, level with 0.5 GB more room; Dec 5,
+               bench/PIPELINE.md). That layer's own call reads what it needs. */
+            for (uint32_t e = 0; engine->prompt_read_ahead && whole_layer && e < n_expert; e++) {
                 engine->predicted[n++] = e;
             }
             n_read = n;

@@ -18,6 +18,7 @@ struct guanaco_predictor {
     uint32_t n_layer, n_expert, top_k;
     uint8_t *moe_layer;   /* n_layer flags, always present: a NULL in the config is expanded here */
     uint32_t *next_layer; /* n_layer: the next MoE layer after each layer, or UINT32_MAX */
+    uint8_t *prompt_narrow; /* n_layer: its last prompt-sized call was not guanaco_read_ahead_is_prompt */
     const struct guanaco_predictor_ops *ops; /* NULL for NONE */
     void *impl;
 };
@@ -84,7 +85,8 @@ int guanaco_predictor_create(const struct guanaco_predictor_config *config, stru
     p->top_k = config->top_k;
     p->moe_layer = malloc(config->n_layer * sizeof(*p->moe_layer));
     p->next_layer = malloc(config->n_layer * sizeof(*p->next_layer));
-    if (!p->moe_layer || !p->next_layer) {
+    p->prompt_narrow = calloc(config->n_layer, sizeof(*p->prompt_narrow));
+    if (!p->moe_layer || !p->next_layer || !p->prompt_narrow) {
         guanaco_predictor_free(p);
         return -ENOMEM;
     }
@@ -120,6 +122,7 @@ void guanaco_predictor_free(struct guanaco_predictor *p) {
     }
     free(p->moe_layer);
     free(p->next_layer);
+    free(p->prompt_narrow);
     free(p);
 }
 
@@ -183,6 +186,19 @@ double guanaco_predictor_probability(const struct guanaco_predictor *p, size_t i
 
 bool guanaco_read_ahead_is_prompt(size_t distinct_experts, uint32_t n_expert) {
     return 4 * (uint64_t)distinct_experts >= 3 * (uint64_t)n_expert;
+}
+
+bool guanaco_predictor_reads_whole_next_layer(struct guanaco_predictor *p, uint32_t layer, size_t distinct,
+                                              uint32_t n_tokens) {
+    if (!p || !routes(p, layer)) {
+        return false;
+    }
+    const bool wide = guanaco_read_ahead_is_prompt(distinct, p->n_expert);
+    if (n_tokens > GUANACO_GATE_MAX_TOKENS) {
+        p->prompt_narrow[layer] = !wide;
+    }
+    const uint32_t next = p->next_layer[layer];
+    return wide && next != UINT32_MAX && !p->prompt_narrow[next];
 }
 
 uint32_t guanaco_predictor_next_layer(const struct guanaco_predictor *p, uint32_t layer) {

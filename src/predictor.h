@@ -122,6 +122,16 @@ double guanaco_predictor_probability(const struct guanaco_predictor *p, size_t i
 #define GUANACO_READ_AHEAD_SURE_PROBABILITY 0.5
 bool guanaco_read_ahead_is_prompt(size_t distinct_experts, uint32_t n_expert);
 
+/*
+ * Whether a call of `layer` that used `distinct` experts for n_tokens tokens reads the whole next MoE layer
+ * ahead: it is a prompt's (guanaco_read_ahead_is_prompt), and the next layer's last call of more than
+ * GUANACO_GATE_MAX_TOKENS tokens was one too. Records this layer's width when the call has that many tokens.
+ * Routing can be skewed per layer: the model's own at 25% used 90-95% of layer 0's experts in a 256-token
+ * ubatch and 70% of layer 1's, so all of layer 1 wasted a third of its read-ahead (bench/PIPELINE.md, Dec 5).
+ */
+bool guanaco_predictor_reads_whole_next_layer(struct guanaco_predictor *p, uint32_t layer, size_t distinct,
+                                              uint32_t n_tokens);
+
 /* The next MoE layer after `layer`, or UINT32_MAX when there is none. */
 uint32_t guanaco_predictor_next_layer(const struct guanaco_predictor *p, uint32_t layer);
 

@@ -437,6 +437,32 @@ static void test_dense_layers(void) {
     guanaco_predictor_free(p);
 }
 
+/* A prompt reads the whole next layer ahead only while that layer's last prompt-sized call used most of it:
+   each layer remembers its own width (skewed routing makes some layers narrow), decode-sized calls teach
+   nothing, and the last MoE layer has nothing after it. */
+static void test_whole_next_layer(void) {
+    const uint8_t moe[4] = {1, 0, 1, 1}; /* 0 -> 2 -> 3 */
+    struct guanaco_predictor_config config = {.kind = GUANACO_PREDICTOR_PILOT, .n_layer = 4, .n_expert = 128,
+                                              .top_k = 8, .moe_layer = moe};
+    struct guanaco_predictor *p = NULL;
+    CHECK(guanaco_predictor_create(&config, &p) == 0);
+    if (!p) return;
+    const uint32_t prompt = GUANACO_GATE_MAX_TOKENS + 1, decode = 1;
+    CHECK(guanaco_predictor_reads_whole_next_layer(p, 0, 120, prompt)); /* nothing known of layer 2 yet */
+    CHECK(!guanaco_predictor_reads_whole_next_layer(p, 0, 90, prompt)); /* layer 0 itself narrow */
+    CHECK(!guanaco_predictor_reads_whole_next_layer(p, 2, 89, prompt)); /* layer 2 is narrow now */
+    CHECK(!guanaco_predictor_reads_whole_next_layer(p, 0, 120, prompt));
+    CHECK(guanaco_predictor_reads_whole_next_layer(p, 2, 120, decode)); /* layer 3 unknown; too few tokens */
+    CHECK(!guanaco_predictor_reads_whole_next_layer(p, 0, 120, prompt)); /* so layer 2 is still narrow */
+    CHECK(!guanaco_predictor_reads_whole_next_layer(p, 3, 60, prompt)); /* layer 3 narrow, and the last */
+    CHECK(!guanaco_predictor_reads_whole_next_layer(p, 2, 120, prompt)); /* wide again, but layer 3 narrow */
+    CHECK(guanaco_predictor_reads_whole_next_layer(p, 0, 120, prompt));
+    CHECK(!guanaco_predictor_reads_whole_next_layer(p, 3, 128, prompt)); /* the last MoE layer */
+    CHECK(!guanaco_predictor_reads_whole_next_layer(p, 1, 128, prompt)); /* dense */
+    CHECK(!guanaco_predictor_reads_whole_next_layer(NULL, 0, 128, prompt));
+    guanaco_predictor_free(p);
+}
+
 /* Masses and capacity: mass 1 keeps every expert ever seen after f, capacity caps the set, and the order
    is by likelihood. */
 static void test_mass_and_capacity(void) {
@@ -866,6 +892,7 @@ int main(void) {
     test_multi_token();
     test_ids_out_of_range();
     test_dense_layers();
+    test_whole_next_layer();
     test_mass_and_capacity();
     test_long_run();
     test_gate_scores_rank_and_fallback();
