@@ -523,11 +523,11 @@ static int start_predictor(struct guanaco_engine *engine) {
 
 /* Decode and prompts are throttled apart: a prompt's whole-layer read-ahead can pay where decode's guesses do not. */
 static struct guanaco_read_ahead_throttle *throttle_of(struct guanaco_engine *engine, int n_tokens) {
-    return &engine->throttle[n_tokens > (int)GUANACO_GATE_MAX_TOKENS];
+    return &engine->throttle[n_tokens >= (int)GUANACO_PROMPT_MIN_TOKENS];
 }
 
 bool guanaco_engine_read_ahead_allowed(struct guanaco_engine *engine, int n_tokens) {
-    if (!engine->predictor || (engine->decode_reads_no_guesses && n_tokens <= (int)GUANACO_GATE_MAX_TOKENS)) {
+    if (!engine->predictor || (engine->decode_reads_no_guesses && n_tokens < (int)GUANACO_PROMPT_MIN_TOKENS)) {
         return false;
     }
     pthread_mutex_lock(&engine->predictor_lock);
@@ -760,8 +760,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .overlap_layer = o->overlap_layer_follows_load ? load == GUANACO_RESIDENCY_LOAD_DIRECT : o->overlap_layer,
         .fixed_slots = o->fixed_slots,
         .stream_direct = o->stream_direct,
-        /* the size from which the read-ahead throttle counts a ubatch as a prompt's */
-        .prompt_min_ids = (size_t)m->n_expert_used * (GUANACO_GATE_MAX_TOKENS + 1),
+        .prompt_min_ids = (size_t)m->n_expert_used * GUANACO_PROMPT_MIN_TOKENS,
     };
     /* direct loading's overlap needs MUL_MAT_ID to ask: one engine per process gets it, the others wait for
        their reads as without the overlap */

@@ -194,7 +194,7 @@ bool guanaco_predictor_reads_whole_next_layer(struct guanaco_predictor *p, uint3
         return false;
     }
     const bool wide = guanaco_read_ahead_is_prompt(distinct, p->n_expert);
-    if (n_tokens > GUANACO_GATE_MAX_TOKENS) {
+    if (n_tokens >= GUANACO_PROMPT_MIN_TOKENS) {
         p->prompt_narrow[layer] = !wide;
     }
     const uint32_t next = p->next_layer[layer];

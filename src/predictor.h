@@ -59,6 +59,9 @@ struct guanaco_predictor_config {
 #define GUANACO_GATE_DEFAULT_MARGIN 8u
 /* gate scores at most this many tokens per ubatch: larger ones are prompts, read a whole layer ahead */
 #define GUANACO_GATE_MAX_TOKENS 32u
+/* The smallest ubatch that is a prompt's: throttled apart from decode (engine.c), teaching the layers' widths
+   (guanaco_predictor_reads_whole_next_layer) and keeping the stream buffers (residency prompt_min_ids). */
+#define GUANACO_PROMPT_MIN_TOKENS (GUANACO_GATE_MAX_TOKENS + 1)
 
 struct guanaco_predictor;
 
@@ -124,8 +127,8 @@ bool guanaco_read_ahead_is_prompt(size_t distinct_experts, uint32_t n_expert);
 
 /*
  * Whether a call of `layer` that used `distinct` experts for n_tokens tokens reads the whole next MoE layer
- * ahead: it is a prompt's (guanaco_read_ahead_is_prompt), and the next layer's last call of more than
- * GUANACO_GATE_MAX_TOKENS tokens was one too. Records this layer's width when the call has that many tokens.
+ * ahead: it is a prompt's (guanaco_read_ahead_is_prompt), and the next layer's last call of at least
+ * GUANACO_PROMPT_MIN_TOKENS tokens was one too. Records this layer's width when the call has that many tokens.
  * Routing can be skewed per layer: the model's own at 25% used 90-95% of layer 0's experts in a 256-token
  * ubatch and 70% of layer 1's, so all of layer 1 wasted a third of its read-ahead (bench/PIPELINE.md, Dec 5).
  */

@@ -3079,8 +3079,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         set_streaming(r, stream);
     }
     const bool prompt_call = r->prompt_min_ids && n_ids >= r->prompt_min_ids;
-    if (!r->shared && (r->stream_quarantined ||
-                       (r->stream_memory && !(stream && r->stream_direct) && !(prompt_call && r->stream_direct)))) {
+    if (!r->shared && (r->stream_quarantined || (r->stream_memory && !((stream || prompt_call) && r->stream_direct)))) {
         /* Streaming into the buffers is over (a decode call, turned off, or several contexts came meanwhile): their
            memory goes back, so that decoding keeps the memory it had before the prompt. Only here, in a call of
            the one context, between its matmuls: with several contexts another may still compute from a buffer. */

@@ -447,7 +447,7 @@ static void test_whole_next_layer(void) {
     struct guanaco_predictor *p = NULL;
     CHECK(guanaco_predictor_create(&config, &p) == 0);
     if (!p) return;
-    const uint32_t prompt = GUANACO_GATE_MAX_TOKENS + 1, decode = 1;
+    const uint32_t prompt = GUANACO_PROMPT_MIN_TOKENS, decode = 1;
     CHECK(guanaco_predictor_reads_whole_next_layer(p, 0, 120, prompt)); /* nothing known of layer 2 yet */
     CHECK(!guanaco_predictor_reads_whole_next_layer(p, 0, 90, prompt)); /* layer 0 itself narrow */
     CHECK(!guanaco_predictor_reads_whole_next_layer(p, 2, 89, prompt)); /* layer 2 is narrow now */
