@@ -421,14 +421,15 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
                 }
             }
             size_t n_admitted = 0;
-            err = guanaco_policy_access(run.policy, layer, run.hits, n_hits, token, run.guess, &n_admitted);
+            err = guanaco_policy_access_batch(run.policy, layer, run.hits, n_hits, token, (uint32_t)pass_rows,
+                                              run.guess, &n_admitted);
             if (timed && !pass_streamed) {
                 phase->streamed_passes++;
                 pass_streamed = true;
             }
         } else {
-            err = guanaco_policy_access(run.policy, layer, trace->experts + start, n, token, run.missing,
-                                        &n_missing);
+            err = guanaco_policy_access_batch(run.policy, layer, trace->experts + start, n, token,
+                                              (uint32_t)pass_rows, run.missing, &n_missing);
         }
         if (err == 0) {
             err = pipeline_evict(&run, layer, &replay->evictions, &victim_bytes);

@@ -761,6 +761,7 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .fixed_slots = o->fixed_slots,
         .stream_direct = o->stream_direct,
         .prompt_min_ids = (size_t)m->n_expert_used * GUANACO_PROMPT_MIN_TOKENS,
+        .n_expert_used = m->n_expert_used > 0 ? (uint32_t)m->n_expert_used : 0,
     };
     /* direct loading's overlap needs MUL_MAT_ID to ask: one engine per process gets it, the others wait for
        their reads as without the overlap */

@@ -145,6 +145,7 @@ int guanaco_policy_create(const struct guanaco_policy_config *config, struct gua
         .budget = config->budget_bytes,
         .every_expert_bytes = every_expert_bytes,
         .variant = config->variant,
+        .call_tokens = 1,
         .expert_bytes = p->expert_bytes,
         .resident = p->resident,
         .needed_call = p->needed_call,
@@ -179,6 +180,11 @@ void guanaco_policy_set_reserve(struct guanaco_policy *p, uint64_t bytes) {
 
 int guanaco_policy_access(struct guanaco_policy *p, uint32_t layer, const uint32_t *experts, size_t n,
                           uint64_t now, uint32_t *missing, size_t *n_missing) {
+    return guanaco_policy_access_batch(p, layer, experts, n, now, 1, missing, n_missing);
+}
+
+int guanaco_policy_access_batch(struct guanaco_policy *p, uint32_t layer, const uint32_t *experts, size_t n,
+                                uint64_t now, uint32_t tokens, uint32_t *missing, size_t *n_missing) {
     struct guanaco_policy_state *s = &p->state;
     *n_missing = 0;
     if (layer >= s->n_layer || p->expert_bytes[layer] == 0 || (n > 0 && (!experts || !missing))) {
@@ -194,6 +200,7 @@ int guanaco_policy_access(struct guanaco_policy *p, uint32_t layer, const uint32
     }
     uint64_t bytes = p->expert_bytes[layer];
     uint64_t call = ++s->call;
+    s->call_tokens = tokens ? tokens : 1;
     p->layer_last_call[layer] = call;
     if (p->ops->access_begin) {
         p->ops->access_begin(p->impl, s, layer);

@@ -120,6 +120,16 @@ int guanaco_policy_access(struct guanaco_policy *policy, uint32_t layer, const u
                           uint64_t now, uint32_t *missing, size_t *n_missing);
 
 /*
+ * guanaco_policy_access for a call that serves `tokens` tokens at once (a
+ * ubatch; 0 counts as 1); guanaco_policy_access is this with 1. The guanaco
+ * kind's duel counts such a call's misses per token: a prompt's ubatch needs
+ * dozens of a layer's experts in one call, and counted whole, its misses
+ * outweighed every decode token after it (bench/PIPELINE.md, Dec 5).
+ */
+int guanaco_policy_access_batch(struct guanaco_policy *policy, uint32_t layer, const uint32_t *experts, size_t n,
+                                uint64_t now, uint32_t tokens, uint32_t *missing, size_t *n_missing);
+
+/*
  * After the reads: choose victims until every capped layer is within
  * max_per_layer and resident bytes <= budget, never taking an expert that
  * protect_layer needed in its last access. Victims are no longer resident

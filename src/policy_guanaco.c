@@ -323,13 +323,16 @@ static void follow(struct guanaco *g, const struct guanaco_policy_state *s, unsi
 
 /* Set dueling (after Qureshi et al.'s DIP): each shadow runs one fixed variant on the same accesses; the policy
    follows the one with the fewest decayed misses, once it leads the followed one by DUEL_MARGIN, so that noise
-   between near ties does not flip it. A switch re-sorts the layers (and their heaps, for another score). */
+   between near ties does not flip it. A switch re-sorts the layers (and their heaps, for another score).
+   Misses count per token of the call (guanaco_policy_access_batch): counted whole, a prompt's ubatch, dozens of
+   misses per layer in one call, chose the variant for the decode after it, and on the model's own routing that
+   choice missed 35% more than lru in the decode (guanaco-sim on the live runs' traces, bench/PIPELINE.md). */
 static void run_duel(struct guanaco *g, const struct guanaco_policy_state *s, uint32_t layer) {
     double time = (double)s->now / g->duel_half_life;
     unsigned best = g->variant;
     for (unsigned v = 0; v < VARIANTS; v++) {
-        g->shadow_misses[v] =
-            guanaco_policy_decayed_add(g->shadow_misses[v], time, run_shadow(g, g->shadows[v], s, layer));
+        double misses = run_shadow(g, g->shadows[v], s, layer) / s->call_tokens;
+        g->shadow_misses[v] = guanaco_policy_decayed_add(g->shadow_misses[v], time, misses);
         if (g->shadow_misses[v] < g->shadow_misses[best]) {
             best = v;
         }

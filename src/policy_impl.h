@@ -32,6 +32,7 @@ struct guanaco_policy_state {
     uint64_t every_expert_bytes;  /* all experts of all layers: a budget this large never evicts */
     uint64_t now;                 /* the latest `now` any access gave */
     uint64_t call;                /* access calls so far; stamps what each call needed */
+    uint32_t call_tokens;         /* tokens the access in progress serves, >= 1 (guanaco_policy_access_batch) */
     const uint64_t *expert_bytes; /* per layer */
     const uint8_t *resident;      /* per slot */
     const uint64_t *needed_call;  /* per slot: the access call that last needed it */

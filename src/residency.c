@@ -130,6 +130,7 @@ struct deferred_call { /* in force while guanaco_residency.deferred_active */
     uint32_t layer;
     size_t n_missing, n_distinct, n_requests;
     uint64_t token;
+    uint32_t tokens; /* the call's, for the policy */
     int pending_error;
     uint64_t transformed_before, wasted_before; /* prepare_locked's, for finish_call */
 };
@@ -254,6 +255,7 @@ struct guanaco_residency {
     bool stream_quarantined; /* several contexts came while mapped: untouched until one is left (set_shared) */
     uint64_t stream_loan;    /* what the budget lends the buffers while they are mapped (set_stream_loan) */
     size_t prompt_min_ids;   /* config.prompt_min_ids: a call this large keeps the buffers */
+    uint32_t n_expert_used;  /* config.n_expert_used: ids per token */
     bool stream_loan_held;   /* lent now: the policy keeps it free (reserved_room) */
     bool stream_direct_capable;   /* the buffers are laid out: config.stream_direct, DIRECT, slots, streaming */
     struct stream_buffer stream_buffers[STREAM_BUFFERS];
@@ -902,6 +904,7 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     r->page = page > 0 ? (uint64_t)page : 4096;
     r->queue_depth = config->queue_depth ? config->queue_depth : GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH;
     r->prompt_min_ids = config->prompt_min_ids;
+    r->n_expert_used = config->n_expert_used;
     r->budget_bytes = config->budget_bytes;
     r->read_layer = UINT32_MAX;
     r->last_layer = UINT32_MAX;
@@ -2798,7 +2801,8 @@ static const char *stream_address(const struct guanaco_residency *r, const struc
  * call, as failures: nothing entered its accounting, and the caller drops
  * them. Ends the call's read marks. 0 or the policy's error.
  */
-static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token, bool stream) {
+static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token,
+                       uint32_t tokens, bool stream) {
     size_t n_accessed = 0;
     for (size_t i = 0; i < n_distinct; i++) {
         uint32_t e = r->distinct[i];
@@ -2815,8 +2819,8 @@ static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_dis
         err = r->policy_fault; /* as a refusal: nothing changes in the policy (policy.h) */
         r->policy_fault = 0;
     } else {
-        err = guanaco_policy_access(r->policy, layer, r->accessed, n_accessed, token, r->policy_missing,
-                                    &n_policy_missing);
+        err = guanaco_policy_access_batch(r->policy, layer, r->accessed, n_accessed, token, tokens,
+                                          r->policy_missing, &n_policy_missing);
     }
     if (err) {
         guanaco_log_error("residency: policy refused layer %u: %s; the experts read for it are dropped", layer,
@@ -2843,9 +2847,9 @@ static int tell_policy(struct guanaco_residency *r, uint32_t layer, size_t n_dis
 
 /* ---- a call whose experts arrive while its layer computes (DIRECT with overlap_layer) ---- */
 
-static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token, bool stream,
-                       int first_error, int pending_error, uint64_t transformed_before, uint64_t wasted_before,
-                       bool evict);
+static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token,
+                       uint32_t tokens, bool stream, int first_error, int pending_error,
+                       uint64_t transformed_before, uint64_t wasted_before, bool evict);
 
 /* Whether this call returns with its demand reads in flight. Not with several contexts (one of them could
    compute the layer before the reads land, without asking), a streamed call, or the preload (nothing asks). */
@@ -2930,8 +2934,8 @@ static int finish_deferred(struct guanaco_residency *r, bool evict) {
     struct deferred_call d = r->deferred; /* after the waits: they may have dropped victims (pending_error) */
     atomic_store_explicit(&r->deferred_active, false, memory_order_release);
     r->stats.reads_issued += d.n_requests;
-    return finish_call(r, d.layer, d.n_distinct, d.token, false, first_error, d.pending_error, d.transformed_before,
-                       d.wasted_before, evict);
+    return finish_call(r, d.layer, d.n_distinct, d.token, d.tokens, false, first_error, d.pending_error,
+                       d.transformed_before, d.wasted_before, evict);
 }
 
 /* The expert tensor whose expert 0 is mapped at `weights`, or NULL: a binary search of tensors_by_address, as
@@ -3002,6 +3006,12 @@ int guanaco_residency_finish(struct guanaco_residency *r) {
     r->stats.stall_ns += guanaco_now_ns() - start;
     pthread_mutex_unlock(&r->lock);
     return err;
+}
+
+/* The tokens a call of n_ids ids serves (its ubatch's rows), at least 1: the policy's duel counts misses per token. */
+static uint32_t call_tokens(const struct guanaco_residency *r, size_t n_ids) {
+    size_t tokens = r->n_expert_used ? (n_ids + r->n_expert_used - 1) / r->n_expert_used : 1;
+    return tokens == 0 ? 1 : tokens > UINT32_MAX ? UINT32_MAX : (uint32_t)tokens;
 }
 
 static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int32_t *ids, size_t n_ids,
@@ -3115,6 +3125,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     if (defers(r, stream) && n_demand && n_missing == n_demand) {
         r->deferred = (struct deferred_call){.layer = layer, .n_missing = n_demand,
                                              .n_distinct = n_distinct, .n_requests = n_requests, .token = token,
+                                             .tokens = call_tokens(r, n_ids),
                                              .pending_error = pending_error, .transformed_before = transformed_before,
                                              .wasted_before = wasted_before};
         memset(r->expert_state, EXPERT_READING, n_demand);
@@ -3131,8 +3142,8 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         err = load_experts(r, layer, n_missing - n_demand, direct);
         first_error = first_error ? first_error : err;
     }
-    return finish_call(r, layer, n_distinct, token, stream, first_error, pending_error, transformed_before,
-                       wasted_before, true);
+    return finish_call(r, layer, n_distinct, token, call_tokens(r, n_ids), stream, first_error, pending_error,
+                       transformed_before, wasted_before, true);
 }
 
 /*
@@ -3141,10 +3152,10 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
  * `evict`, it evicts (a deferred call's eviction can wait for the next call's
  * reads: prepare_locked).
  */
-static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token, bool stream,
-                       int first_error, int pending_error, uint64_t transformed_before, uint64_t wasted_before,
-                       bool evict) {
-    int err = tell_policy(r, layer, n_distinct, token, stream);
+static int finish_call(struct guanaco_residency *r, uint32_t layer, size_t n_distinct, uint64_t token,
+                       uint32_t tokens, bool stream, int first_error, int pending_error,
+                       uint64_t transformed_before, uint64_t wasted_before, bool evict) {
+    int err = tell_policy(r, layer, n_distinct, token, tokens, stream);
     /* What the policy does not hold is no one's: the pages a failed expert left cached or mapped, and,
        when the policy refused the call, everything the call read. */
     for (size_t i = 0; (first_error || err) && i < n_distinct; i++) {

@@ -204,6 +204,9 @@ struct guanaco_residency_config {
        fresh 2 MiB pages in, a fifth of a prompt's CPU samples zeroing them (Dec 5, own routing at 25%,
        bench/PIPELINE.md). 0: every call that does not stream gives them back. */
     size_t prompt_min_ids;
+    /* The router's top-k: a call of n ids serves n / n_expert_used tokens, and the policy's duel counts its
+       misses per token (guanaco_policy_access_batch). 0: every call counts as one token. */
+    uint32_t n_expert_used;
 };
 
 struct guanaco_residency_stats {
