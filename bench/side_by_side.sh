@@ -366,6 +366,14 @@ else
     for variant in "${VARIANT_LIST[@]}"; do
         [ "$variant" = ram ] || limited+=("$variant")
     done
+    # The first run of a rep comes after the warm ram run, the others after a limited run that read the same
+    # model: one configuration run twice in a row was the slower the first time in 10 of 12 reps (decode 0.77-0.99x
+    # the second; its reads slower; Dec 5, bench/PIPELINE.md). Only a multiple of the variants' count puts each
+    # first equally often.
+    if [ "$REPS" -gt 1 ] && [ $((REPS % ${#limited[@]})) -ne 0 ]; then
+        echo "side_by_side: warning: $REPS reps of ${#limited[@]} limited variants: some variant runs first in more reps" \
+            "than the others, and the first run of a rep measured slower; give a multiple of ${#limited[@]}" >&2
+    fi
     for rep in $(seq 1 "$REPS"); do
         if [ "$want_ram" = 1 ] && [ "$fits_in_ram" = 1 ]; then
             run 100 ram "$rep" # warm; every run after it drops the cache again and checks that it did
