@@ -140,7 +140,7 @@ echo "soak: out dir $OUT" >&2
 mkdir -p "$OUT/bin" || die "cannot create $OUT/bin"
 copy_bins() { cp -L "$BIN/llama-server" "$BIN/evict_file" "$BIN"/lib*.so* "$OUT/bin/"; }
 stamp() { stat -L -c '%n %Y %s' "$BIN/llama-server" "$BIN"/lib*.so* | md5sum; }
-if ! (flock -w 60 9 && copy_bins) 9</tmp/guanaco-build.lock 2>/dev/null; then
+if ! (flock -w 60 9 && copy_bins) 9>>/tmp/guanaco-build.lock; then
     copied=0
     for _ in 1 2 3 4 5; do
         before=$(stamp); copy_bins && sleep 2 && [ "$(stamp)" = "$before" ] && { copied=1; break; }
