@@ -739,6 +739,35 @@ static int add_decision(void *user, uint32_t sequence, uint32_t token, uint32_t 
     return 0;
 }
 
+/* A trace of the named tracegen preset, one byte per expert; with zipf > 0 the preset's shape routed as
+   guanaco-tracegen --shape with these flags. false (and nothing to free) when the preset is unknown. */
+static bool synth_trace(struct owned_trace *t, const char *preset_name, double zipf, double zipf_offset,
+                        double zipf_spread) {
+    const struct guanaco_synth_preset *preset = guanaco_synth_preset_find(preset_name);
+    CHECK(preset != NULL);
+    if (!preset) {
+        return false;
+    }
+    struct guanaco_synth_params params = preset->params;
+    if (zipf > 0) {
+        params = (struct guanaco_synth_params){
+            .n_layer = params.n_layer, .n_expert = params.n_expert, .top_k = params.top_k,
+            .moe_layer = params.moe_layer, .sequences = 4, .tokens = 512, .seed = 1,
+            .zipf = zipf, .zipf_offset = zipf_offset, .zipf_spread = zipf_spread, .topic_strength = 1.0,
+        };
+    }
+    uint64_t bytes[256];
+    CHECK(params.n_layer <= 256 && params.top_k <= 64);
+    for (uint32_t l = 0; l < params.n_layer; l++) {
+        bytes[l] = 1;
+    }
+    size_t requests = (size_t)params.sequences * params.tokens * params.n_layer;
+    trace_init(t, params.n_layer, params.n_expert, bytes, requests, requests * params.top_k);
+    struct synth_sink sink = {.trace = t, .top_k = params.top_k, .tokens = params.tokens};
+    CHECK(guanaco_synth_generate(&params, add_decision, &sink) == 0);
+    return true;
+}
+
 static double hit_percent(const struct owned_trace *t, enum guanaco_policy_kind kind,
                           enum guanaco_policy_variant variant, uint32_t per_layer) {
     struct guanaco_policy_config config = config_of(kind, &t->view, (uint64_t)per_layer * t->view.n_layer, 0);
@@ -759,30 +788,10 @@ static void test_guanaco_duel(void) {
                     other variant misses 0.4% more than lru, so only following lru's order from the start ties it */
                  {"qwen3-30b-a3b", 64, 8, 20, 0.8}};
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        const struct guanaco_synth_preset *preset = guanaco_synth_preset_find(cases[c].preset);
-        CHECK(preset != NULL);
-        if (!preset) {
+        struct owned_trace t;
+        if (!synth_trace(&t, cases[c].preset, cases[c].zipf, cases[c].zipf_offset, cases[c].zipf_spread)) {
             continue;
         }
-        struct guanaco_synth_params params = preset->params;
-        if (cases[c].zipf > 0) { /* the preset's shape, routing as guanaco-tracegen --shape with these flags */
-            params = (struct guanaco_synth_params){
-                .n_layer = params.n_layer, .n_expert = params.n_expert, .top_k = params.top_k,
-                .moe_layer = params.moe_layer, .sequences = 4, .tokens = 512, .seed = 1,
-                .zipf = cases[c].zipf, .zipf_offset = cases[c].zipf_offset, .zipf_spread = cases[c].zipf_spread,
-                .topic_strength = 1.0,
-            };
-        }
-        uint64_t bytes[256];
-        CHECK(params.n_layer <= 256 && params.top_k <= 64);
-        for (uint32_t l = 0; l < params.n_layer; l++) {
-            bytes[l] = 1;
-        }
-        size_t requests = (size_t)params.sequences * params.tokens * params.n_layer;
-        struct owned_trace t;
-        trace_init(&t, params.n_layer, params.n_expert, bytes, requests, requests * params.top_k);
-        struct synth_sink sink = {.trace = &t, .top_k = params.top_k, .tokens = params.tokens};
-        CHECK(guanaco_synth_generate(&params, add_decision, &sink) == 0);
         double lru = hit_percent(&t, GUANACO_POLICY_LRU, 0, cases[c].per_layer);
         double floor = hit_percent(&t, GUANACO_POLICY_GUANACO, GUANACO_POLICY_FLOOR_RECENT, cases[c].per_layer);
         double no_floor = hit_percent(&t, GUANACO_POLICY_GUANACO, GUANACO_POLICY_NO_FLOOR_RECENT, cases[c].per_layer);
@@ -907,30 +916,10 @@ static void test_guanaco_duel_per_token(void) {
         double zipf, zipf_offset, zipf_spread; /* 0: the preset's */
     } cases[] = {{8, 0, 0, 0}, {16, 0, 0, 0}, {32, 0, 0, 0}, {32, 8, 20, 0.8}};
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        const struct guanaco_synth_preset *preset = guanaco_synth_preset_find("qwen3-30b-a3b");
-        CHECK(preset != NULL);
-        if (!preset) {
-            return;
-        }
-        struct guanaco_synth_params params = preset->params;
-        if (cases[c].zipf > 0) {
-            params = (struct guanaco_synth_params){
-                .n_layer = params.n_layer, .n_expert = params.n_expert, .top_k = params.top_k,
-                .moe_layer = params.moe_layer, .sequences = 4, .tokens = 512, .seed = 1,
-                .zipf = cases[c].zipf, .zipf_offset = cases[c].zipf_offset, .zipf_spread = cases[c].zipf_spread,
-                .topic_strength = 1.0,
-            };
-        }
-        uint64_t bytes[256];
-        CHECK(params.n_layer <= 256 && params.top_k <= 64);
-        for (uint32_t l = 0; l < params.n_layer; l++) {
-            bytes[l] = 1;
-        }
-        size_t requests = (size_t)params.sequences * params.tokens * params.n_layer;
         struct owned_trace t;
-        trace_init(&t, params.n_layer, params.n_expert, bytes, requests, requests * params.top_k);
-        struct synth_sink sink = {.trace = &t, .top_k = params.top_k, .tokens = params.tokens};
-        CHECK(guanaco_synth_generate(&params, add_decision, &sink) == 0);
+        if (!synth_trace(&t, "qwen3-30b-a3b", cases[c].zipf, cases[c].zipf_offset, cases[c].zipf_spread)) {
+            continue;
+        }
         uint32_t per_layer = cases[c].per_layer;
         double lru = decode_hit_percent_with_prompts(&t, GUANACO_POLICY_LRU, 0, per_layer, true);
         double adapt = decode_hit_percent_with_prompts(&t, GUANACO_POLICY_GUANACO, GUANACO_POLICY_ADAPT, per_layer, true);
