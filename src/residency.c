@@ -3089,6 +3089,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         set_streaming(r, stream);
     }
     const bool prompt_call = r->prompt_min_ids && n_ids >= r->prompt_min_ids;
+    const uint32_t tokens = call_tokens(r, n_ids);
     if (!r->shared && (r->stream_quarantined || (r->stream_memory && !((stream || prompt_call) && r->stream_direct)))) {
         /* Streaming into the buffers is over (a decode call, turned off, or several contexts came meanwhile): their
            memory goes back, so that decoding keeps the memory it had before the prompt. Only here, in a call of
@@ -3125,7 +3126,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     if (defers(r, stream) && n_demand && n_missing == n_demand) {
         r->deferred = (struct deferred_call){.layer = layer, .n_missing = n_demand,
                                              .n_distinct = n_distinct, .n_requests = n_requests, .token = token,
-                                             .tokens = call_tokens(r, n_ids),
+                                             .tokens = tokens,
                                              .pending_error = pending_error, .transformed_before = transformed_before,
                                              .wasted_before = wasted_before};
         memset(r->expert_state, EXPERT_READING, n_demand);
@@ -3142,8 +3143,8 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         err = load_experts(r, layer, n_missing - n_demand, direct);
         first_error = first_error ? first_error : err;
     }
-    return finish_call(r, layer, n_distinct, token, call_tokens(r, n_ids), stream, first_error, pending_error,
-                       transformed_before, wasted_before, true);
+    return finish_call(r, layer, n_distinct, token, tokens, stream, first_error, pending_error, transformed_before,
+                       wasted_before, true);
 }
 
 /*

@@ -11,6 +11,7 @@
  * 0 skips it).
  */
 #include "belady.h"
+#include "budget.h"
 #include "policy.h"
 #include "routing_synth.h"
 #include "simulate.h"
@@ -883,7 +884,7 @@ static double decode_hit_percent_with_prompts(const struct owned_trace *t, enum 
                 in_prompt[ids[i]] = 0;
             }
             size_t n_victims = 0, n_missing = 0;
-            if (2 * n >= v->n_expert) { /* the engine streams such a call: the policy hears of its hits only */
+            if (guanaco_streams_layer(n, v->n_expert)) { /* streamed: the policy hears of its hits only */
                 size_t n_hits = 0;
                 for (size_t i = 0; i < n; i++) {
                     if (guanaco_policy_is_resident(policy, layer, ids[i])) {
