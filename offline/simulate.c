@@ -84,10 +84,13 @@ static int preload_policy(const struct guanaco_request_trace *trace, const struc
     return 0;
 }
 
-int guanaco_simulate(const struct guanaco_request_trace *trace, const struct guanaco_policy_config *config,
-                     bool preload, struct guanaco_replay_stats *stats) {
+int guanaco_simulate(const struct guanaco_request_trace *trace, const struct guanaco_request_rows *rows,
+                     const struct guanaco_policy_config *config, bool preload, struct guanaco_replay_stats *stats) {
     memset(stats, 0, sizeof(*stats));
     int err = guanaco_request_trace_check(trace);
+    if (err == 0 && rows && !rows->request_row_start) {
+        err = -EINVAL;
+    }
     if (err != 0 || !config) {
         return err ? err : -EINVAL;
     }
@@ -114,8 +117,10 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
         uint32_t layer = trace->request_layer[r];
         size_t start = trace->request_start[r], n = trace->request_start[r + 1] - start;
         size_t n_missing = 0, n_victims = 0;
-        err = guanaco_policy_access(policy, layer, trace->experts + start, n, trace->request_token[r], missing,
-                                    &n_missing);
+        size_t tokens = rows ? rows->request_row_start[r + 1] - rows->request_row_start[r] : 1;
+        err = guanaco_policy_access_batch(policy, layer, trace->experts + start, n, trace->request_token[r],
+                                          tokens == 0 ? 1 : tokens > UINT32_MAX ? UINT32_MAX : (uint32_t)tokens,
+                                          missing, &n_missing);
         if (err == 0) {
             /* n_slots victims always suffice, so -ENOBUFS cannot happen here */
             err = guanaco_policy_evict(policy, layer, victim_layers, victim_experts, n_slots, &n_victims);

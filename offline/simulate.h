@@ -48,14 +48,18 @@ int guanaco_request_trace_check(const struct guanaco_request_trace *trace);
 /*
  * Replay `trace` against a policy made from `config`, whose n_layer,
  * n_expert and expert_bytes are taken from the trace. Each request is one
- * access (now = its token) followed by one evict protecting its layer.
+ * access (now = its token) followed by one evict protecting its layer. The
+ * access covers as many tokens as `rows` gives the request (the engine's
+ * ubatch), so the policy counts a prompt's misses per token as the live
+ * residency does; without rows each request is one token.
  * With `preload`, the policy first gets what the engine's --guanaco-preload
  * loads (guanaco_preload_count of budget.h: the lowest-numbered experts of every MoE layer,
  * at token 0), and the stats count only the replay after it.
  * 0, -EINVAL (bad trace or config) or -ENOMEM.
  */
-int guanaco_simulate(const struct guanaco_request_trace *trace, const struct guanaco_policy_config *config,
-                     bool preload, struct guanaco_replay_stats *stats);
+struct guanaco_request_rows; /* below, with the pipeline */
+int guanaco_simulate(const struct guanaco_request_trace *trace, const struct guanaco_request_rows *rows,
+                     const struct guanaco_policy_config *config, bool preload, struct guanaco_replay_stats *stats);
 
 /* ---- the pipeline: reads overlapped with compute ----
  *

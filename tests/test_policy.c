@@ -774,7 +774,7 @@ static double hit_percent(const struct owned_trace *t, enum guanaco_policy_kind 
     struct guanaco_policy_config config = config_of(kind, &t->view, (uint64_t)per_layer * t->view.n_layer, 0);
     config.variant = variant;
     struct guanaco_replay_stats stats;
-    CHECK(guanaco_simulate(&t->view, &config, false, &stats) == 0);
+    CHECK(guanaco_simulate(&t->view, NULL, &config, false, &stats) == 0);
     return stats.accesses ? 100.0 * (double)stats.hits / (double)stats.accesses : 0;
 }
 
@@ -938,6 +938,98 @@ static void test_guanaco_duel_per_token(void) {
     }
 }
 
+/* Hits of a replay in which each request is one access of `tokens[r]` tokens (NULL: one each) and one evict. */
+static uint64_t batch_replay_hits(const struct guanaco_request_trace *v, const struct guanaco_policy_config *config,
+                                  const size_t *row_start) {
+    struct guanaco_policy *policy = NULL;
+    size_t n_slots = (size_t)v->n_layer * v->n_expert;
+    uint32_t *missing = malloc(v->n_expert * sizeof(uint32_t));
+    uint32_t *victim_layers = malloc(n_slots * sizeof(uint32_t)), *victim_experts = malloc(n_slots * sizeof(uint32_t));
+    CHECK(missing && victim_layers && victim_experts && guanaco_policy_create(config, &policy) == 0);
+    uint64_t hits = 0;
+    for (size_t r = 0; policy && r < v->n_requests; r++) {
+        size_t n = v->request_start[r + 1] - v->request_start[r], n_missing = 0, n_victims = 0;
+        uint32_t tokens = row_start ? (uint32_t)(row_start[r + 1] - row_start[r]) : 1;
+        CHECK(guanaco_policy_access_batch(policy, v->request_layer[r], v->experts + v->request_start[r], n,
+                                          v->request_token[r], tokens, missing, &n_missing) == 0);
+        CHECK(guanaco_policy_evict(policy, v->request_layer[r], victim_layers, victim_experts, n_slots, &n_victims) == 0);
+        hits += n - n_missing;
+    }
+    guanaco_policy_free(policy);
+    free(missing);
+    free(victim_layers);
+    free(victim_experts);
+    return hits;
+}
+
+/*
+ * guanaco_simulate counts a ubatch's misses per token, as the live residency does: a request of several rows (a
+ * prompt's union of experts) weighs in the guanaco policy's duel as that many tokens. The Qwen3-preset trace with
+ * the first 32 tokens of every 128 merged into one request per layer, as the engine's prompt calls are.
+ */
+static void test_simulate_counts_rows(void) {
+    enum { PROMPT = 32, TURN = 128 };
+    struct owned_trace t, merged;
+    if (!synth_trace(&t, "qwen3-30b-a3b", 0, 0, 0)) {
+        return;
+    }
+    const struct guanaco_request_trace *v = &t.view;
+    trace_init(&merged, v->n_layer, v->n_expert, v->expert_bytes, v->n_requests, v->request_start[v->n_requests]);
+    size_t *row_start = malloc((v->n_requests + 1) * sizeof(size_t));
+    uint32_t *ids = malloc(v->n_expert * sizeof(uint32_t));
+    uint8_t *seen = calloc(v->n_expert, 1);
+    CHECK(row_start && ids && seen);
+    row_start[0] = 0;
+    for (size_t r = 0; row_start && ids && seen && r < v->n_requests;) {
+        uint64_t token = v->request_token[r];
+        size_t end = r + 1;
+        if (token % TURN == 0) { /* a prompt: one request per layer, the union of its tokens' experts */
+            while (end < v->n_requests && v->request_token[end] < token + PROMPT) {
+                end++;
+            }
+        }
+        for (uint32_t layer = 0; layer < v->n_layer; layer++) {
+            size_t n = 0, tokens = 0;
+            for (size_t q = r; q < end; q++) {
+                tokens += v->request_layer[q] == layer;
+                for (size_t i = v->request_start[q]; v->request_layer[q] == layer && i < v->request_start[q + 1]; i++) {
+                    if (!seen[v->experts[i]]) {
+                        seen[v->experts[i]] = 1;
+                        ids[n++] = v->experts[i];
+                    }
+                }
+            }
+            for (size_t i = 0; i < n; i++) {
+                seen[ids[i]] = 0;
+            }
+            if (tokens > 0) {
+                trace_add(&merged, token, layer, ids, n);
+                row_start[merged.view.n_requests] = row_start[merged.view.n_requests - 1] + tokens;
+            }
+        }
+        r = end;
+    }
+    struct guanaco_request_rows rows = {.top_k = 8, .request_row_start = row_start};
+    uint64_t budget = 16 * (uint64_t)v->n_layer * v->expert_bytes[v->n_layer - 1];
+    struct guanaco_policy_config config = config_of(GUANACO_POLICY_GUANACO, &merged.view, budget, 0);
+    struct guanaco_replay_stats per_token, per_request;
+    CHECK(guanaco_simulate(&merged.view, &rows, &config, false, &per_token) == 0);
+    CHECK(guanaco_simulate(&merged.view, NULL, &config, false, &per_request) == 0);
+    uint64_t live = batch_replay_hits(&merged.view, &config, row_start);
+    uint64_t whole = batch_replay_hits(&merged.view, &config, NULL);
+    printf("guanaco_simulate with 32-token prompt requests, 16 experts per layer: hits %llu counted per token, "
+           "%llu counted per request\n", (unsigned long long)per_token.hits, (unsigned long long)per_request.hits);
+    CHECK(per_token.hits == live && per_request.hits == whole);
+    CHECK(per_token.hits != per_request.hits); /* the rows reach the policy: this trace tells the two apart */
+    rows.request_row_start = NULL;
+    CHECK(guanaco_simulate(&merged.view, &rows, &config, false, &per_token) == -EINVAL);
+    free(row_start);
+    free(ids);
+    free(seen);
+    trace_free(&merged);
+    trace_free(&t);
+}
+
 /* ---- Belady ---- */
 
 static void test_belady_exact(void) {
@@ -1077,7 +1169,7 @@ static void test_bound_and_invariants(void) {
                     }
                     struct guanaco_replay_stats simulated;
                     struct guanaco_policy_config config = config_of(all_kinds[i], &t.view, budgets[b], cap);
-                    CHECK(guanaco_simulate(&t.view, &config, false, &simulated) == 0 && simulated.hits == hits);
+                    CHECK(guanaco_simulate(&t.view, NULL, &config, false, &simulated) == 0 && simulated.hits == hits);
                     if (violations || (exact && best.hits < hits)) {
                         fprintf(stderr, "  in %s, budget %llu, %s, cap %u: hits %llu, belady %llu, %d violations\n",
                                 cases[c].name, (unsigned long long)budgets[b], guanaco_policy_kind_name(all_kinds[i]),
@@ -1120,7 +1212,7 @@ static void print_hit_rates(void) {
         printf("  %5d%%  %7.1f%%", percents[b], 100.0 * stats.hits / stats.accesses);
         for (size_t i = 0; i < N_KINDS; i++) {
             struct guanaco_policy_config config = config_of(all_kinds[i], &t.view, budget, 0);
-            guanaco_simulate(&t.view, &config, false, &stats);
+            guanaco_simulate(&t.view, NULL, &config, false, &stats);
             printf("  %8.1f%%", 100.0 * stats.hits / stats.accesses);
         }
         int violations = 0;
@@ -1155,7 +1247,7 @@ static void print_timings(size_t tokens) {
     for (size_t i = 0; i < N_KINDS; i++) {
         struct guanaco_policy_config config = config_of(all_kinds[i], &t.view, budget, 0);
         clock_gettime(CLOCK_MONOTONIC, &start);
-        guanaco_simulate(&t.view, &config, false, &stats);
+        guanaco_simulate(&t.view, NULL, &config, false, &stats);
         double s = seconds_since(&start);
         printf("  %-9s %6.2f s  %5.1f ns/access  hit %.1f%%\n", guanaco_policy_kind_name(all_kinds[i]), s,
                s * 1e9 / (double)accesses, 100.0 * stats.hits / stats.accesses);
@@ -1185,6 +1277,7 @@ int main(void) {
     }
     test_guanaco_duel();
     test_guanaco_duel_per_token();
+    test_simulate_counts_rows();
     test_belady_exact();
     test_belady_against_exhaustive();
     test_bound_and_invariants();

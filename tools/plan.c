@@ -674,7 +674,7 @@ static int replay_sweep(const struct plan_options *options, const struct replay_
         struct guanaco_policy_config config = {.kind = options->policy, .budget_bytes = row->budget_bytes};
         bool exact = true;
         struct guanaco_pipeline_stats timed;
-        int err = guanaco_simulate(&replay, &config, false, &row->expected);
+        int err = guanaco_simulate(&replay, &replay_rows, &config, false, &row->expected);
         if (err == 0) {
             err = guanaco_belady(&replay, row->budget_bytes, &row->optimal, &exact);
         }

@@ -272,7 +272,8 @@ static inline int replay_add_trace_file(const char *program, const char *path, c
     return err;
 }
 
-/* The rows behind the requests, for guanaco_simulate_pipeline; `timed` may be NULL (every request timed). */
+/* The rows behind the requests, for guanaco_simulate and guanaco_simulate_pipeline; `timed` may be NULL (every
+   request timed). */
 static inline struct guanaco_request_rows replay_request_rows(const struct replay_requests *requests,
                                                               const uint8_t *timed) {
     return (struct guanaco_request_rows){

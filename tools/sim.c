@@ -291,7 +291,8 @@ struct sim_job {
 
 struct sim_pool {
     const struct guanaco_request_trace *trace;
-    const struct guanaco_request_rows *rows;           /* NULL: no pipeline replay */
+    const struct guanaco_request_rows *rows;           /* each request's routed rows: its tokens */
+    bool timed;                                        /* the pipeline replay too (a disk speed was given) */
     const struct guanaco_pipeline_config *pipeline;
     const struct sim_budget *budgets;
     uint32_t per_layer_cap;
@@ -315,8 +316,8 @@ static void run_job(const struct sim_pool *pool, struct sim_job *job) {
         .half_life = pool->half_life,
     };
     job->exact = true;
-    job->err = guanaco_simulate(pool->trace, &config, pool->preload, &job->stats);
-    if (job->err == 0 && pool->rows) {
+    job->err = guanaco_simulate(pool->trace, pool->rows, &config, pool->preload, &job->stats);
+    if (job->err == 0 && pool->timed) {
         job->err = guanaco_simulate_pipeline(pool->trace, pool->rows, &config, pool->preload, pool->pipeline,
                                              &job->pipeline);
         job->timed = job->err == 0;
@@ -1275,16 +1276,15 @@ static int run_replays(const struct sim_options *options, const struct sim_setup
                        const struct replay_requests *requests, const struct guanaco_request_trace *replay,
                        const struct guanaco_pipeline_config *pipeline, struct sim_replays *replays,
                        double *seconds) {
-    struct guanaco_request_rows rows = {0};
     uint8_t *timed = NULL;
     if (options->have_disk_gbps) {
         timed = timed_requests(requests, options->warmup);
         if (!timed) {
             return -ENOMEM;
         }
-        rows = replay_request_rows(requests, timed);
     }
-    struct sim_pool pool = {replay, options->have_disk_gbps ? &rows : NULL, pipeline, setup->budgets,
+    struct guanaco_request_rows rows = replay_request_rows(requests, timed);
+    struct sim_pool pool = {replay, &rows, options->have_disk_gbps, pipeline, setup->budgets,
                             options->per_layer_cap, options->half_life, options->preload, replays->jobs,
                             replays->n_jobs, 0, PTHREAD_MUTEX_INITIALIZER};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
