@@ -42,6 +42,12 @@ uint64_t guanaco_spare_limit(uint64_t budget_bytes) {
     return share > SPARE_MIN_BYTES ? share : SPARE_MIN_BYTES;
 }
 
+bool guanaco_direct_load_fits(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget, uint64_t expert_bytes) {
+    double pinned = budget >= expert_bytes ? (double)expert_bytes : (double)budget + (double)guanaco_spare_limit(budget);
+    double beside = (double)hot_non_expert_bytes + (double)MARGIN_KNOWN_BYTES + (double)memory * MARGIN_KNOWN_SHARE;
+    return memory == 0 || pinned + beside <= (double)memory;
+}
+
 /* The largest budget b with b + guanaco_spare_limit(b) <= room. */
 static uint64_t budget_beside_spares(uint64_t room) {
     uint64_t share_budget = room / (SPARE_SHARE_DIVISOR + 1) * SPARE_SHARE_DIVISOR;

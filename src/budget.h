@@ -52,6 +52,15 @@ uint64_t guanaco_stream_buffers_loan(uint64_t memory, uint64_t hot_non_expert_by
    it, at least 64 MiB. Anonymous memory the kernel cannot reclaim, so --guanaco-ram auto counts it. */
 uint64_t guanaco_spare_limit(uint64_t budget_bytes);
 
+/* Whether direct loading fits `memory` (the cgroup limit, or MemAvailable at load) with a budget the user gave:
+   its copies pin the budget, and up to guanaco_spare_limit of spares, in anonymous memory the kernel cannot
+   reclaim, beside the hot non-expert weights and the process (the known margin, 256 MiB + 5%). Where they do not
+   fit, the kernel reclaims the weights instead and they fault back in all run long; page-cache loading keeps the
+   budget in page cache the kernel can take (bench/soak.sh's 256 MiB limit and 64 MiB budget: 74.5 requests per
+   minute and 2 major faults, against 23.2 and 42,765 with direct loading). A budget that holds every expert
+   (expert_bytes) pins them and keeps no spares, since nothing is evicted. memory 0 (unknown): true. */
+bool guanaco_direct_load_fits(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget, uint64_t expert_bytes);
+
 /* The rule's margin in words, "1 GiB + 10%" (contexts unknown) or "256 MiB + 5%" (known), written into
    `text` from the same constants, for the lines that explain a budget (the engine's log, guanaco-plan). */
 void guanaco_auto_budget_margin_rule(bool contexts_known, char *text, size_t size);

@@ -664,12 +664,23 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     /* auto: direct at every slice size since fixed slots. At 25%, replayed routing, decode against page-cache
        loading: Qwen3-30B-A3B Q8_0 (1.6 MB slices) 1.06-1.36x, Mixtral-8x7B Q4_0 (33 MB) 1.36x paired median,
        gpt-oss MXFP4 (4.4 MB) 1.63x (bench/PIPELINE.md). Before slots Mixtral's was 0.69x, hence the old 4 MiB rule. */
-    const bool direct = o->load != GUANACO_LOAD_PAGE_CACHE;
-    enum guanaco_residency_load load = direct ? GUANACO_RESIDENCY_LOAD_DIRECT : GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
-    if (o->load == GUANACO_LOAD_AUTO) {
+    bool is_limit = false;
+    engine->process_memory = process_memory(&is_limit);
+    bool direct = o->load != GUANACO_LOAD_PAGE_CACHE;
+    if (o->load == GUANACO_LOAD_AUTO && o->ram_bytes &&
+        !guanaco_direct_load_fits(engine->process_memory, guanaco_hot_non_expert_bytes(m), o->ram_bytes, m->expert_bytes)) {
+        direct = false;
+        guanaco_log_info("--guanaco-load auto: page-cache: direct loading would pin the %.2f GiB budget and up to "
+                         "%.2f GiB of spare copies in memory the kernel cannot reclaim, which %s (%.2f GiB) cannot "
+                         "hold beside %.2f GiB of non-expert weights and the process; the page cache can give back",
+                         gib(o->ram_bytes), gib(guanaco_spare_limit(o->ram_bytes)),
+                         is_limit ? "the memory limit" : "the memory available", gib(engine->process_memory),
+                         gib(guanaco_hot_non_expert_bytes(m)));
+    } else if (o->load == GUANACO_LOAD_AUTO) {
         guanaco_log_info("--guanaco-load auto: direct (measured faster than page-cache loading at every expert slice "
                          "size with fixed slots)");
     }
+    enum guanaco_residency_load load = direct ? GUANACO_RESIDENCY_LOAD_DIRECT : GUANACO_RESIDENCY_LOAD_PAGE_CACHE;
     for (int s = 0; s < m->n_shards; s++) {
         engine->shard_fds[s] = open(m->shard_paths[s], O_RDONLY | O_CLOEXEC);
         if (engine->shard_fds[s] < 0) {
@@ -700,8 +711,6 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     }
     /* Both knobs may be set and the tighter wins; a budget not given is derived. */
     uint64_t budget = o->ram_bytes ? o->ram_bytes : automatic_budget(engine, load == GUANACO_RESIDENCY_LOAD_DIRECT);
-    bool is_limit = false;
-    engine->process_memory = process_memory(&is_limit);
     engine->budget_bytes = budget;
     engine->stream_direct_told = -1;
     engine->stream_loan_told = 0;
