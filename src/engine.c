@@ -769,7 +769,6 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         .overlap_layer = o->overlap_layer_follows_load ? load == GUANACO_RESIDENCY_LOAD_DIRECT : o->overlap_layer,
         .fixed_slots = o->fixed_slots,
         .stream_direct = o->stream_direct,
-        .prompt_min_ids = (size_t)m->n_expert_used * GUANACO_PROMPT_MIN_TOKENS,
         .n_expert_used = m->n_expert_used > 0 ? (uint32_t)m->n_expert_used : 0,
     };
     /* direct loading's overlap needs MUL_MAT_ID to ask: one engine per process gets it, the others wait for

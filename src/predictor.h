@@ -60,7 +60,7 @@ struct guanaco_predictor_config {
 /* gate scores at most this many tokens per ubatch: larger ones are prompts, read a whole layer ahead */
 #define GUANACO_GATE_MAX_TOKENS 32u
 /* The smallest ubatch that is a prompt's: throttled apart from decode (engine.c), teaching the layers' widths
-   (guanaco_predictor_reads_whole_next_layer) and keeping the stream buffers (residency prompt_min_ids). */
+   (guanaco_predictor_reads_whole_next_layer) and keeping the stream buffers (residency.h, n_expert_used). */
 #define GUANACO_PROMPT_MIN_TOKENS (GUANACO_GATE_MAX_TOKENS + 1)
 
 struct guanaco_predictor;

@@ -28,6 +28,7 @@
 #include "budget.h"
 #include "log.h"
 #include "monotonic_clock.h"
+#include "predictor.h"
 #include "slot_pool.h"
 
 #include <errno.h>
@@ -254,7 +255,6 @@ struct guanaco_residency {
     atomic_bool stream_direct;
     bool stream_quarantined; /* several contexts came while mapped: untouched until one is left (set_shared) */
     uint64_t stream_loan;    /* what the budget lends the buffers while they are mapped (set_stream_loan) */
-    size_t prompt_min_ids;   /* config.prompt_min_ids: a call this large keeps the buffers */
     uint32_t n_expert_used;  /* config.n_expert_used: ids per token */
     bool stream_loan_held;   /* lent now: the policy keeps it free (reserved_room) */
     bool stream_direct_capable;   /* the buffers are laid out: config.stream_direct, DIRECT, slots, streaming */
@@ -903,7 +903,6 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
     long page = sysconf(_SC_PAGESIZE);
     r->page = page > 0 ? (uint64_t)page : 4096;
     r->queue_depth = config->queue_depth ? config->queue_depth : GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH;
-    r->prompt_min_ids = config->prompt_min_ids;
     r->n_expert_used = config->n_expert_used;
     r->budget_bytes = config->budget_bytes;
     r->read_layer = UINT32_MAX;
@@ -3088,8 +3087,9 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
         r->stream_ahead[layer] = false;
         set_streaming(r, stream);
     }
-    const bool prompt_call = r->prompt_min_ids && n_ids >= r->prompt_min_ids;
     const uint32_t tokens = call_tokens(r, n_ids);
+    /* A prompt's ubatch: where it does not stream it keeps the stream buffers for its layers that do */
+    const bool prompt_call = r->n_expert_used && tokens >= GUANACO_PROMPT_MIN_TOKENS;
     if (!r->shared && (r->stream_quarantined || (r->stream_memory && !((stream || prompt_call) && r->stream_direct)))) {
         /* Streaming into the buffers is over (a decode call, turned off, or several contexts came meanwhile): their
            memory goes back, so that decoding keeps the memory it had before the prompt. Only here, in a call of

@@ -190,22 +190,21 @@ struct guanaco_residency_config {
        layout, and guanaco_residency_expert_data hands MUL_MAT_ID their addresses there. Through the page cache
        each streamed page was mapped afresh, and its first read cost about 1 us more than a page that stays
        mapped on a guest with shadow page tables (bench/PIPELINE.md). The buffers are mapped at a prompt's first
-       streamed call, in 2 MiB pages, and given back at the first call that neither streams nor has
-       prompt_min_ids ids: 2 W of anonymous memory in place of the 2 W of page cache above, while a prompt
+       streamed call, in 2 MiB pages, and given back at the first call that neither streams nor serves
+       GUANACO_PROMPT_MIN_TOKENS tokens (n_expert_used): 2 W of anonymous memory in place of the 2 W of page cache above, while a prompt
        streams. Where they do not fit beside the budget, the budget lends them what is missing while they are
        mapped (guanaco_residency_set_stream_loan), and where that would be more than half of it the engine
        turns them off (set_stream_direct). Not with several contexts (set_shared): page cache as before, and
        buffers mapped when a second context came stay as they are (the first may be computing from one) until
        one context is left and calls again. */
     bool stream_direct;
-    /* A call with at least this many ids is a prompt's ubatch: where it does not stream (its layer needs less
-       than half of its experts, as skewed routing often does) it keeps the stream buffers for the prompt's
-       layers that do. Given back and mapped again around such layers, every ubatch faulted up to 1.2 GiB of
-       fresh 2 MiB pages in, a fifth of a prompt's CPU samples zeroing them (Dec 5, own routing at 25%,
-       bench/PIPELINE.md). 0: every call that does not stream gives them back. */
-    size_t prompt_min_ids;
     /* The router's top-k: a call of n ids serves n / n_expert_used tokens, and the policy's duel counts its
-       misses per token (guanaco_policy_access_batch). 0: every call counts as one token. */
+       misses per token (guanaco_policy_access_batch). A call of GUANACO_PROMPT_MIN_TOKENS tokens or more is a
+       prompt's ubatch: where it does not stream (its layer needs less than half of its experts, as skewed
+       routing often does) it keeps the stream buffers for the prompt's layers that do. Given back and mapped
+       again around such layers, every ubatch faulted up to 1.2 GiB of fresh 2 MiB pages in, a fifth of a
+       prompt's CPU samples zeroing them (Dec 5, own routing at 25%, bench/PIPELINE.md). 0: every call counts as
+       one token, and every call that does not stream gives the buffers back. */
     uint32_t n_expert_used;
 };
 

@@ -25,6 +25,7 @@
 #include "log.h"
 #include "policy.h"
 #include "residency.h"
+#include "predictor.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -294,12 +295,12 @@ static bool expert_in_page_cache(const struct model *m, uint32_t layer, uint32_t
 /* A residency that streams prompts into the stream buffers under `budget`, the file's pages dropped first; NULL
    after a failed check. ids and named get every expert of a layer. */
 static struct guanaco_residency *create_streaming(const struct model *m, uint64_t budget, enum guanaco_io_backend io,
-                                                  int32_t *ids, uint32_t *named, size_t prompt_min_ids) {
+                                                  int32_t *ids, uint32_t *named, uint32_t n_expert_used) {
     drop_whole_file(m);
     struct guanaco_residency_config config = config_of(m, budget, 0, GUANACO_POLICY_LRU, io);
     config.stream_prompts = true;
     config.stream_direct = true;
-    config.prompt_min_ids = prompt_min_ids;
+    config.n_expert_used = n_expert_used;
     config.prefetch_bytes = EXPERT_BYTES * N_EXPERT;
     struct guanaco_residency *r = NULL;
     CHECK(guanaco_residency_create(&config, &r) == 0);
@@ -447,13 +448,14 @@ static bool address_mapped(const void *p) {
 
 /*
  * A prompt whose routing is skewed streams some layers and not others (fewer than half of their experts). Its
- * calls that do not stream keep the stream buffers (prompt_min_ids), so the layers that stream after them find
+ * calls that do not stream keep the stream buffers (a call of GUANACO_PROMPT_MIN_TOKENS tokens or more, by the
+ * router's top-k, here 1), so the layers that stream after them find
  * their pages already there; a decode call gives them back.
  */
 static void test_stream_buffers_through_prompt(const struct model *m, enum guanaco_io_backend io) {
     int32_t ids[N_EXPERT];
     uint32_t named[N_EXPERT];
-    struct guanaco_residency *r = create_streaming(m, EXPERT_BYTES * 3, io, ids, named, 2 * N_EXPERT);
+    struct guanaco_residency *r = create_streaming(m, EXPERT_BYTES * 3, io, ids, named, 1);
     if (!r) {
         return;
     }
@@ -465,15 +467,15 @@ static void test_stream_buffers_through_prompt(const struct model *m, enum guana
     const void *held = NULL;
     CHECK(served_from_buffer(m, r, first, 7) &&
           guanaco_residency_expert_data(r, m->map + m->offset[first][0], 7, true, &held) && held);
-    /* the prompt's next layer: 2 tokens per expert id, two experts only; it does not stream */
-    int32_t skewed[2 * N_EXPERT];
-    for (uint32_t i = 0; i < 2 * N_EXPERT; i++) {
+    /* the prompt's next layer: as many tokens as make a prompt's ubatch, two experts only; it does not stream */
+    int32_t skewed[GUANACO_PROMPT_MIN_TOKENS];
+    for (uint32_t i = 0; i < GUANACO_PROMPT_MIN_TOKENS; i++) {
         skewed[i] = (int32_t)(i % 2);
     }
     struct guanaco_residency_stats st;
     guanaco_residency_get_stats(r, &st);
     const uint64_t streamed = st.streamed_direct_bytes;
-    CHECK(guanaco_residency_prepare_layer(r, second, skewed, 2 * N_EXPERT, 0) == 0);
+    CHECK(guanaco_residency_prepare_layer(r, second, skewed, GUANACO_PROMPT_MIN_TOKENS, 0) == 0);
     CHECK(guanaco_residency_finish(r) == 0);
     guanaco_residency_get_stats(r, &st);
     CHECK(st.streamed_direct_bytes == streamed); /* read into slots, not streamed */
