@@ -826,6 +826,29 @@ static void test_guanaco_duel(void) {
  * token it must not lose to lru in any case, and keep a 3-point gain at 8 and 16 experts per layer, where the
  * floor is the wrong choice (at 16 it gains 6.2 points, 8.7 counted whole).
  */
+/* The distinct experts that requests [first, end) name in `layer`, into ids (seen: n_expert zeroed flags, left
+   zeroed); returns how many, and the number of those requests in *tokens when given. */
+static size_t union_of_layer(const struct guanaco_request_trace *v, size_t first, size_t end, uint32_t layer,
+                             uint8_t *seen, uint32_t *ids, size_t *tokens) {
+    size_t n = 0, requests = 0;
+    for (size_t q = first; q < end; q++) {
+        requests += v->request_layer[q] == layer;
+        for (size_t i = v->request_start[q]; v->request_layer[q] == layer && i < v->request_start[q + 1]; i++) {
+            if (!seen[v->experts[i]]) {
+                seen[v->experts[i]] = 1;
+                ids[n++] = v->experts[i];
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        seen[ids[i]] = 0;
+    }
+    if (tokens) {
+        *tokens = requests;
+    }
+    return n;
+}
+
 static double decode_hit_percent_with_prompts(const struct owned_trace *t, enum guanaco_policy_kind kind,
                                               enum guanaco_policy_variant variant, uint32_t per_layer,
                                               bool per_token) {
@@ -871,18 +894,7 @@ static double decode_hit_percent_with_prompts(const struct owned_trace *t, enum 
             end++;
         }
         for (uint32_t layer = 0; layer < v->n_layer; layer++) {
-            size_t n = 0;
-            for (size_t q = r; q < end; q++) {
-                for (size_t i = v->request_start[q]; v->request_layer[q] == layer && i < v->request_start[q + 1]; i++) {
-                    if (!in_prompt[v->experts[i]]) {
-                        in_prompt[v->experts[i]] = 1;
-                        ids[n++] = v->experts[i];
-                    }
-                }
-            }
-            for (size_t i = 0; i < n; i++) {
-                in_prompt[ids[i]] = 0;
-            }
+            size_t n = union_of_layer(v, r, end, layer, in_prompt, ids, NULL);
             size_t n_victims = 0, n_missing = 0;
             if (guanaco_streams_layer(n, v->n_expert)) { /* streamed: the policy hears of its hits only */
                 size_t n_hits = 0;
@@ -989,19 +1001,7 @@ static void test_simulate_counts_rows(void) {
             }
         }
         for (uint32_t layer = 0; layer < v->n_layer; layer++) {
-            size_t n = 0, tokens = 0;
-            for (size_t q = r; q < end; q++) {
-                tokens += v->request_layer[q] == layer;
-                for (size_t i = v->request_start[q]; v->request_layer[q] == layer && i < v->request_start[q + 1]; i++) {
-                    if (!seen[v->experts[i]]) {
-                        seen[v->experts[i]] = 1;
-                        ids[n++] = v->experts[i];
-                    }
-                }
-            }
-            for (size_t i = 0; i < n; i++) {
-                seen[ids[i]] = 0;
-            }
+            size_t tokens = 0, n = union_of_layer(v, r, end, layer, seen, ids, &tokens);
             if (tokens > 0) {
                 trace_add(&merged, token, layer, ids, n);
                 row_start[merged.view.n_requests] = row_start[merged.view.n_requests - 1] + tokens;
