@@ -44,7 +44,7 @@ uint64_t guanaco_spare_limit(uint64_t budget_bytes) {
 
 bool guanaco_direct_load_fits(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget, uint64_t expert_bytes) {
     double pinned = budget >= expert_bytes ? (double)expert_bytes : (double)budget + (double)guanaco_spare_limit(budget);
-    double beside = (double)hot_non_expert_bytes + (double)MARGIN_KNOWN_BYTES + (double)memory * MARGIN_KNOWN_SHARE;
+    double beside = (double)hot_non_expert_bytes + (double)MARGIN_KNOWN_BYTES;
     return memory == 0 || pinned + beside <= (double)memory;
 }
 

@@ -54,7 +54,8 @@ uint64_t guanaco_spare_limit(uint64_t budget_bytes);
 
 /* Whether direct loading fits `memory` (the cgroup limit, or MemAvailable at load) with a budget the user gave:
    its copies pin the budget, and up to guanaco_spare_limit of spares, in anonymous memory the kernel cannot
-   reclaim, beside the hot non-expert weights and the process (the known margin, 256 MiB + 5%). Where they do not
+   reclaim, beside the hot non-expert weights and 256 MiB for the process (the known margin's fixed part; its 5%
+   would have sent the 48-layer Qwen3 shape at 50% in bench/side_by_side.sh's limit to page-cache). Where they do not
    fit, the kernel reclaims the weights instead and they fault back in all run long; page-cache loading keeps the
    budget in page cache the kernel can take (bench/soak.sh's 256 MiB limit and 64 MiB budget: 74.5 requests per
    minute and 2 major faults, against 23.2 and 42,765 with direct loading). A budget that holds every expert
