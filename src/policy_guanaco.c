@@ -225,20 +225,20 @@ static void guanaco_access_begin(void *impl, const struct guanaco_policy_state *
     g->n_access_ids = 0;
 }
 
-/* Whether a leaves before b in the layer's keep order as it stood when the access began. */
-static bool left_before(const struct guanaco *g, const struct guanaco_policy_state *s, uint32_t a, uint32_t b) {
-    double key_a = g->touched_call[a] == s->call ? g->begin_key[a] : g->slot_key[a];
-    double key_b = g->touched_call[b] == s->call ? g->begin_key[b] : g->slot_key[b];
-    return key_a < key_b || (key_a == key_b && a < b);
-}
-
-/* A hit's rank in the keep order as the access found it: how many experts then resident would leave after it. */
+/* A hit's rank in the keep order as the access found it: how many experts then resident would leave after it
+   (an expert the access touched already is ordered by its key from before the access; a tie goes to the lower
+   slot). Written without branches: it runs for every hit in the followed policy and in each of the four shadows,
+   and was 58% of the guanaco kind's time (1.96 us per access against lru's 0.01). */
 static uint32_t rank_of(const struct guanaco *g, const struct guanaco_policy_state *s, uint32_t slot) {
-    uint32_t first = guanaco_policy_layer_of(s, slot) * s->n_expert, rank = 0;
-    for (uint32_t e = first; e < first + s->n_expert; e++) {
-        if (e != slot && s->resident[e] && g->missed_call[e] != s->call) {
-            rank += left_before(g, s, slot, e);
-        }
+    const uint32_t first = guanaco_policy_layer_of(s, slot) * s->n_expert, end = first + s->n_expert;
+    const uint64_t call = s->call;
+    const double key = g->touched_call[slot] == call ? g->begin_key[slot] : g->slot_key[slot];
+    uint32_t rank = 0;
+    for (uint32_t e = first; e < end; e++) {
+        const double other = g->touched_call[e] == call ? g->begin_key[e] : g->slot_key[e];
+        const unsigned counted = (e != slot) & (s->resident[e] != 0) & (g->missed_call[e] != call);
+        const unsigned after = (key < other) | ((key == other) & (slot < e));
+        rank += counted & after;
     }
     return rank;
 }
