@@ -84,6 +84,12 @@ static int preload_policy(const struct guanaco_request_trace *trace, const struc
     return 0;
 }
 
+/* Request r's tokens: its routed rows (a ubatch's), or 1 without rows. */
+static uint32_t request_tokens(const struct guanaco_request_rows *rows, size_t r) {
+    size_t n = rows ? rows->request_row_start[r + 1] - rows->request_row_start[r] : 1;
+    return n == 0 ? 1 : n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
 int guanaco_simulate(const struct guanaco_request_trace *trace, const struct guanaco_request_rows *rows,
                      const struct guanaco_policy_config *config, bool preload, struct guanaco_replay_stats *stats) {
     memset(stats, 0, sizeof(*stats));
@@ -117,10 +123,8 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
         uint32_t layer = trace->request_layer[r];
         size_t start = trace->request_start[r], n = trace->request_start[r + 1] - start;
         size_t n_missing = 0, n_victims = 0;
-        size_t tokens = rows ? rows->request_row_start[r + 1] - rows->request_row_start[r] : 1;
         err = guanaco_policy_access_batch(policy, layer, trace->experts + start, n, trace->request_token[r],
-                                          tokens == 0 ? 1 : tokens > UINT32_MAX ? UINT32_MAX : (uint32_t)tokens,
-                                          missing, &n_missing);
+                                          request_tokens(rows, r), missing, &n_missing);
         if (err == 0) {
             /* n_slots victims always suffice, so -ENOBUFS cannot happen here */
             err = guanaco_policy_evict(policy, layer, victim_layers, victim_experts, n_slots, &n_victims);
@@ -380,7 +384,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
                              run.n_slots);
     }
     struct guanaco_replay_stats *replay = &stats->replay;
-    size_t pass_rows = 0;
+    uint32_t pass_rows = 0;
     bool pass_streamed = false;
     for (size_t r = 0; r < trace->n_requests && err == 0; r++) {
         uint32_t layer = trace->request_layer[r];
@@ -388,7 +392,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
         size_t start = trace->request_start[r], n = trace->request_start[r + 1] - start;
         bool new_pass = r == 0 || trace->request_token[r - 1] != token;
         if (new_pass) {
-            pass_rows = rows->request_row_start[r + 1] - rows->request_row_start[r];
+            pass_rows = request_tokens(rows, r);
         }
         bool prompt = pass_rows > 1;
         bool timed = !rows->request_timed || rows->request_timed[r];
@@ -426,7 +430,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
                 }
             }
             size_t n_admitted = 0;
-            err = guanaco_policy_access_batch(run.policy, layer, run.hits, n_hits, token, (uint32_t)pass_rows,
+            err = guanaco_policy_access_batch(run.policy, layer, run.hits, n_hits, token, pass_rows,
                                               run.guess, &n_admitted);
             if (timed && !pass_streamed) {
                 phase->streamed_passes++;
@@ -434,7 +438,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
             }
         } else {
             err = guanaco_policy_access_batch(run.policy, layer, trace->experts + start, n, token,
-                                              (uint32_t)pass_rows, run.missing, &n_missing);
+                                              pass_rows, run.missing, &n_missing);
         }
         if (err == 0) {
             err = pipeline_evict(&run, layer, &replay->evictions, &victim_bytes);

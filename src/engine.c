@@ -400,10 +400,9 @@ static void describe_non_expert(const struct guanaco_manifest *m, char *text, si
     }
 }
 
-static uint64_t automatic_budget(struct guanaco_engine *engine, bool keeps_spares) {
+/* memory: process_memory's answer, read once at load by start_residency */
+static uint64_t automatic_budget(struct guanaco_engine *engine, uint64_t memory, bool is_limit, bool keeps_spares) {
     const struct guanaco_manifest *m = &engine->manifest;
-    bool is_limit = false;
-    uint64_t memory = process_memory(&is_limit);
     struct guanaco_auto_budget rule;
     guanaco_auto_budget(memory, m, 0, false, keeps_spares, &rule);
     uint64_t margin = rule.margin, budget = rule.budget;
@@ -667,15 +666,16 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     bool is_limit = false;
     engine->process_memory = process_memory(&is_limit);
     bool direct = o->load != GUANACO_LOAD_PAGE_CACHE;
+    const uint64_t hot_non_expert = guanaco_hot_non_expert_bytes(m);
     if (o->load == GUANACO_LOAD_AUTO && o->ram_bytes &&
-        !guanaco_direct_load_fits(engine->process_memory, guanaco_hot_non_expert_bytes(m), o->ram_bytes, m->expert_bytes)) {
+        !guanaco_direct_load_fits(engine->process_memory, hot_non_expert, o->ram_bytes, m->expert_bytes)) {
         direct = false;
         guanaco_log_info("--guanaco-load auto: page-cache: direct loading would pin the %.2f GiB budget and up to "
                          "%.2f GiB of spare copies in memory the kernel cannot reclaim, which %s (%.2f GiB) cannot "
                          "hold beside %.2f GiB of non-expert weights and the process; the page cache can give back",
                          gib(o->ram_bytes), gib(guanaco_spare_limit(o->ram_bytes)),
                          is_limit ? "the memory limit" : "the memory available", gib(engine->process_memory),
-                         gib(guanaco_hot_non_expert_bytes(m)));
+                         gib(hot_non_expert));
     } else if (o->load == GUANACO_LOAD_AUTO) {
         guanaco_log_info("--guanaco-load auto: direct (measured faster than page-cache loading at every expert slice "
                          "size with fixed slots)");
@@ -710,7 +710,8 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         engine->residency_tensors_in_layer[layer] = 0;
     }
     /* Both knobs may be set and the tighter wins; a budget not given is derived. */
-    uint64_t budget = o->ram_bytes ? o->ram_bytes : automatic_budget(engine, load == GUANACO_RESIDENCY_LOAD_DIRECT);
+    uint64_t budget = o->ram_bytes ? o->ram_bytes : automatic_budget(engine, engine->process_memory, is_limit,
+                                                                   load == GUANACO_RESIDENCY_LOAD_DIRECT);
     engine->budget_bytes = budget;
     engine->stream_direct_told = -1;
     engine->stream_loan_told = 0;

@@ -3089,7 +3089,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     }
     const uint32_t tokens = call_tokens(r, n_ids);
     /* A prompt's ubatch: where it does not stream it keeps the stream buffers for its layers that do */
-    const bool prompt_call = r->n_expert_used && tokens >= GUANACO_PROMPT_MIN_TOKENS;
+    const bool prompt_call = tokens >= GUANACO_PROMPT_MIN_TOKENS; /* never without a top-k: call_tokens is 1 */
     if (!r->shared && (r->stream_quarantined || (r->stream_memory && !((stream || prompt_call) && r->stream_direct)))) {
         /* Streaming into the buffers is over (a decode call, turned off, or several contexts came meanwhile): their
            memory goes back, so that decoding keeps the memory it had before the prompt. Only here, in a call of
