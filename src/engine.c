@@ -63,9 +63,12 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
     uint64_t loads = now->expert_loads - before->expert_loads, bytes = demand + used + wasted;
     uint64_t read_ns = now->read_ns - before->read_ns, stall_ns = now->stall_ns - before->stall_ns;
     uint64_t evictions = now->evictions - before->evictions, churn = now->churn_loads - before->churn_loads;
-    char spares[64] = ""; /* direct loading's evicted copies, held beyond the budget */
+    char spares[128] = ""; /* direct loading's evicted copies, held beyond the budget */
     if (now->load == GUANACO_RESIDENCY_LOAD_DIRECT) {
-        snprintf(spares, sizeof(spares), ", spare copies %.1f MiB", (double)now->spare_bytes / 1048576.0);
+        snprintf(spares, sizeof(spares), ", spare copies %.1f MiB, huge pages rebuilt %llu (%.1f ms)",
+                 (double)now->spare_bytes / 1048576.0,
+                 (unsigned long long)(now->huge_pages_rebuilt - before->huge_pages_rebuilt),
+                 (double)(now->rebuild_ns - before->rebuild_ns) / 1e6);
     }
     guanaco_log_info("%s: %llu tokens, resident %.1f%% of %llu accesses, hot-pinned %.1f%%, %llu loads, "
                      "%.2f GiB read at %.2f GB/s, stall %.1f ms/token (reads %.1f, mapping %.1f of which repacking %.1f, eviction %.1f, read-ahead "

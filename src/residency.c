@@ -261,6 +261,7 @@ struct guanaco_residency {
     struct stream_buffer stream_buffers[STREAM_BUFFERS];
     char *stream_memory;          /* both buffers, 2 MiB aligned; NULL while no prompt streams */
     uint64_t stream_memory_bytes;
+    bool pool_split_by_prompt;    /* a prompt gave slots back since the pool's huge pages were last rebuilt */
     uint64_t stream_buffer_bytes; /* the largest layer's expert tensors, each rounded out to whole pages */
     size_t stream_request_capacity;
     uint32_t *stream_list;        /* n_expert: scratch for the experts one fill reads */
@@ -2582,6 +2583,23 @@ static void stream_buffers_release(struct guanaco_residency *r) {
     }
 }
 
+/* The first decode call after a prompt: the prompt gave back most of the budget's slots (the stream buffers'
+   loan, the spares, its streamed layers' evictions), splitting the huge pages their neighbours share, and decode
+   would compute from those neighbours 4 KiB at a time. Rebuilt here, once the buffers' memory is gone, so that the
+   pool's chunks fit where they did before the prompt (slot_pool.h has the numbers). */
+static void rebuild_huge_pages(struct guanaco_residency *r) {
+    uint64_t start = guanaco_now_ns();
+    long rebuilt = guanaco_slot_pool_collapse(&r->slot_pool);
+    r->pool_split_by_prompt = false;
+    if (rebuilt == -EOPNOTSUPP) {
+        guanaco_log_info("residency: this kernel cannot rebuild huge pages (MADV_COLLAPSE, Linux 6.1); decode after "
+                         "a prompt computes from small pages where the prompt's evictions split them");
+        return;
+    }
+    r->stats.huge_pages_rebuilt += rebuilt > 0 ? (uint64_t)rebuilt : 0;
+    r->stats.rebuild_ns += guanaco_now_ns() - start;
+}
+
 /* Stops the buffer's reads and empties it: what a read-ahead read for no call counts as wasted. */
 static void stream_buffer_stop(struct guanaco_residency *r, struct stream_buffer *b) {
     /* the read-ahead's bytes count as wasted read-ahead, the call's own as reads (the status line's sum) */
@@ -3103,6 +3121,13 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
        lands while the disk reads it. */
     struct guanaco_io_job job;
     uint64_t start = guanaco_now_ns();
+    if (r->slots && !r->shared) {
+        if (prompt_call || stream) {
+            r->pool_split_by_prompt = true;
+        } else if (r->pool_split_by_prompt && !r->stream_memory) {
+            rebuild_huge_pages(r);
+        }
+    }
     if (r->overlap_layer) {
         qsort(r->missing, n_missing, sizeof(*r->missing), compare_u32); /* MUL_MAT_ID's order */
     }

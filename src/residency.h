@@ -241,6 +241,9 @@ struct guanaco_residency_stats {
                                        ones the kernel allocates and zeroes */
     uint64_t spare_bytes;           /* now: evicted DIRECT copies kept for the next reads, beyond the budget (at
                                        most max(budget / 8, 64 MiB); none while a prompt streams) */
+    uint64_t huge_pages_rebuilt;    /* DIRECT's slot pool: 2 MiB pages a prompt's evictions split, rebuilt (MADV_COLLAPSE)
+                                       at the first decode call after it */
+    uint64_t rebuild_ns;            /* inside stall_ns: rebuilding them */
     uint64_t loads_settled_computing; /* DIRECT with overlap_layer: loads a matmul asked for while its layer
                                          computed (guanaco_residency_expert_data), not settled at the call's end */
     enum guanaco_io_backend io_backend;

@@ -17,8 +17,14 @@
  * returns its memory to the kernel), and the next slot of a length it fits
  * takes it first: a long run's churn never grows the number of mappings, and
  * the chunks stay as large as the most slots ever held at once. Given back,
- * the part of a huge page a slot used is split into small pages by the kernel;
- * a run that evicts nothing (everything resident) keeps every huge page.
+ * the part of a huge page a slot used is split into small pages by the kernel,
+ * and so are its neighbours' parts of that page: they stay mapped 4 KiB at a
+ * time until collapse() rebuilds the page (MADV_COLLAPSE). A prompt gives back
+ * most of the budget's slots at once (the stream buffers' loan, the spares);
+ * left split, the decode after it computed from 1.46 of 4.1 GiB in huge pages
+ * and spent 182-193 ms per token outside the stall, against 127-130 with the
+ * pages rebuilt at the prompt's end, which took 8-43 ms (48-layer Q4_0,
+ * bench/PIPELINE.md). A run that evicts nothing keeps every huge page.
  *
  * Ownership: the pool owns its chunks and unmaps them in destroy; a caller
  * holds a slot from take to give, and never unmaps one itself (owns() says
@@ -45,6 +51,9 @@ struct guanaco_slot_pool {
     size_t n_empty, empty_capacity;
     char *next, *end;                 /* the newest chunk's uncarved part */
     bool huge;                        /* the kernel took MADV_HUGEPAGE on every chunk so far */
+    char **split;                     /* huge pages a give split since the last collapse (repeats allowed) */
+    size_t n_split, split_capacity;
+    bool collapse_refused;            /* the kernel has no MADV_COLLAPSE (before 6.1): nothing is recorded */
 };
 
 /* An empty pool whose chunks are chunk_bytes (rounded up to 2 MiB); nothing is mapped until the first take. */
@@ -63,6 +72,14 @@ bool guanaco_slot_pool_owns(const struct guanaco_slot_pool *pool, const void *at
    advised as the chunk was, replaces it first. 0, or -errno where the range could not be emptied; it is then
    left out of the pool (its memory stays until destroy). */
 int guanaco_slot_pool_give(struct guanaco_slot_pool *pool, char *at, uint64_t length, bool remap);
+
+/* Rebuilds the huge pages that gives split since the last call into 2 MiB pages (MADV_COLLAPSE): the taken
+   slots' bytes are kept, and a split page's empty parts come back as zeros and count in its memory again, so call
+   it only where the pool may hold all its chunks (never while it lends memory to something else). A page no
+   taken slot touches is emptied whole instead (rebuilt, the kernel would fill it with zeros). Returns how many pages were rebuilt
+   (one the kernel could not rebuild now stays small), or -EOPNOTSUPP where the kernel cannot (before 6.1;
+   nothing is recorded from then on). */
+long guanaco_slot_pool_collapse(struct guanaco_slot_pool *pool);
 
 /* Unmaps every chunk, slots still taken included. */
 void guanaco_slot_pool_destroy(struct guanaco_slot_pool *pool);

@@ -1,8 +1,9 @@
 /*
  * huge_pages.h - owns the tests' view of transparent huge pages: whether the
  * kernel has them at all, and whether the mapping holding an address is
- * advised MADV_HUGEPAGE (VmFlags "hg" in /proc/self/smaps). The slot pool's
- * tests (test_unit, test_residency) ask both.
+ * advised MADV_HUGEPAGE (VmFlags "hg" in /proc/self/smaps), and how much of
+ * it the kernel maps in huge pages now. The slot pool's tests (test_unit,
+ * test_residency) ask these.
  */
 #ifndef GUANACO_TEST_HUGE_PAGES_H
 #define GUANACO_TEST_HUGE_PAGES_H
@@ -43,6 +44,29 @@ static inline bool mapping_advised_huge(const void *at) {
     }
     fclose(f);
     return advised;
+}
+
+/* AnonHugePages of the mapping holding `at`, in bytes; 0 where it cannot be read. */
+static inline uint64_t mapping_huge_bytes(const void *at) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) {
+        return 0;
+    }
+    char line[4096];
+    bool inside = false;
+    uint64_t huge_kib = 0;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long long a, b, kib;
+        char perms[8];
+        if (sscanf(line, "%llx-%llx %7s ", &a, &b, perms) == 3) {
+            inside = (uintptr_t)at >= a && (uintptr_t)at < b;
+        } else if (inside && sscanf(line, "AnonHugePages: %llu kB", &kib) == 1) {
+            huge_kib = kib;
+            break;
+        }
+    }
+    fclose(f);
+    return huge_kib * 1024;
 }
 
 #endif

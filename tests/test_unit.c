@@ -653,12 +653,59 @@ static void test_slot_pool(void) {
            transparent_huge_pages_available() ? " advised for huge pages" : "");
 }
 
+/* slot_pool: giving a slot back splits the huge page its neighbour shares, and collapse() rebuilds it with the
+   neighbour's bytes; a page left wholly empty is not filled with zeros. */
+static void test_slot_pool_rebuild(void) {
+    const uint64_t huge = 2ull << 20, half = huge / 2;
+    struct guanaco_slot_pool pool;
+    guanaco_slot_pool_init(&pool, 2 * huge);
+    char *first = guanaco_slot_pool_take(&pool, half), *second = guanaco_slot_pool_take(&pool, half);
+    CHECK(first && second == first + half);
+    if (!first || !second) {
+        guanaco_slot_pool_destroy(&pool);
+        return;
+    }
+    memset(first, 0xab, half);
+    memset(second, 0xcd, half);
+    if (!pool.huge || mapping_huge_bytes(first) < huge) {
+        printf("slot pool rebuild: not checked (no huge page for the slots here: THP off, or none free)\n");
+        guanaco_slot_pool_destroy(&pool);
+        return;
+    }
+    CHECK(guanaco_slot_pool_give(&pool, first, half, false) == 0);
+    CHECK(mapping_huge_bytes(second) == 0); /* the neighbour's half is in small pages now */
+    long rebuilt = guanaco_slot_pool_collapse(&pool);
+    if (rebuilt == -EOPNOTSUPP) {
+        printf("slot pool rebuild: this kernel has no MADV_COLLAPSE; the split was seen, no rebuild checked\n");
+        guanaco_slot_pool_destroy(&pool);
+        return;
+    }
+    CHECK(rebuilt == 1 && pool.n_split == 0);
+    CHECK(mapping_huge_bytes(second) == huge);
+    bool kept = true;
+    for (uint64_t i = 0; i < half; i++) {
+        kept = kept && second[i] == (char)0xcd && first[i] == 0;
+    }
+    CHECK(kept); /* the neighbour's bytes survive, the given-back half reads as zeros */
+    CHECK(guanaco_slot_pool_collapse(&pool) == 0); /* nothing split since */
+    /* the other half goes too: the page is wholly empty, and stays so rather than coming back as zeros */
+    CHECK(guanaco_slot_pool_give(&pool, second, half, false) == 0);
+    CHECK(guanaco_slot_pool_collapse(&pool) == 0 && mapping_huge_bytes(first) == 0);
+    first[0] = 1; /* the next slot there: a 2 MiB page again where the kernel freed the empty page table */
+    bool huge_again = mapping_huge_bytes(first) == huge;
+    guanaco_slot_pool_destroy(&pool);
+    printf("slot pool rebuild: a given-back slot split its neighbour's huge page; collapse rebuilt it, bytes kept; "
+           "a wholly empty page stayed empty, and %s\n",
+           huge_again ? "refilled as a 2 MiB page" : "refills in small pages (this kernel keeps its page table)");
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "/tmp";
     test_expert_names();
     test_options();
     test_budget();
     test_slot_pool();
+    test_slot_pool_rebuild();
     test_manifest(dir);
     test_manifest_keys(dir);
     test_engine_and_hook(dir);
