@@ -21,10 +21,11 @@
  * and so are its neighbours' parts of that page: they stay mapped 4 KiB at a
  * time until collapse() rebuilds the page (MADV_COLLAPSE). A prompt gives back
  * most of the budget's slots at once (the stream buffers' loan, the spares);
- * left split, the decode after it computed from 1.46 of 4.1 GiB in huge pages
- * and spent 182-193 ms per token outside the stall, against 127-130 with the
- * pages rebuilt at the prompt's end, which took 8-43 ms (48-layer Q4_0,
- * bench/PIPELINE.md). A run that evicts nothing keeps every huge page.
+ * left split, the decode after it computed from 1.5 of 4.2 GiB in huge pages
+ * and spent 158-185 ms per token outside the stall, against 114-130 with the
+ * about 690 split pages rebuilt at its first call, which took 139-142 ms
+ * (48-layer Q4_0, bench/PIPELINE.md). A run that evicts nothing keeps every
+ * huge page.
  *
  * Ownership: the pool owns its chunks and unmaps them in destroy; a caller
  * holds a slot from take to give, and never unmaps one itself (owns() says
