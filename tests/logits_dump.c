@@ -2,13 +2,13 @@
 //
 // Owns: loading a GGUF with the plain llama.cpp C API, running a fixed, fully deterministic
 // token workload on the CPU (one multi-token prompt batch + N single-token greedy decode
-// steps), and writing every logit row to a binary file so two runs (GUANACO_STREAMING unset
+// steps, that pair repeated --turns times in one context, as a chat's turns are), and writing every logit row to a binary file so two runs (GUANACO_STREAMING unset
 // vs =1, repack on vs off) can be compared with `cmp`. It knows nothing about streaming
 // itself: the patched libllama reads GUANACO_STREAMING from the environment, so the same
 // binary works against the stock build (where the variable is ignored).
 //
 // Usage: logits_dump MODEL.gguf OUT.bin [--threads N] [--prompt-tokens N] [--gen-tokens N]
-//                    [--no-repack] [--ubatch N] [--rpc HOST:PORT] [--n-gpu-layers N] [--cpu-moe]
+//                    [--turns N] [--no-repack] [--ubatch N] [--rpc HOST:PORT] [--n-gpu-layers N] [--cpu-moe]
 //
 // --rpc, --n-gpu-layers and --cpu-moe mean what llama.cpp's common flags of those names mean
 // (an rpc-server as a device, layers offloaded to it, expert tensors kept in host memory):
@@ -17,7 +17,7 @@
 // Output format (native byte order, little-endian on every platform we test):
 //   char     magic[8]  = "GNCLOGT1"
 //   uint32_t n_vocab
-//   uint32_t n_rows        (= prompt tokens + gen tokens)
+//   uint32_t n_rows        (= turns x (prompt tokens + gen tokens))
 //   uint32_t n_prompt
 //   uint32_t n_gen
 //   float    logits[n_rows][n_vocab]
@@ -62,7 +62,7 @@ static void log_cb(enum ggml_log_level level, const char * text, void * user_dat
 static void usage(void) {
     fprintf(stderr,
         "usage: logits_dump MODEL.gguf OUT.bin [--threads N] [--prompt-tokens N] [--gen-tokens N]\n"
-        "                   [--no-repack] [--ubatch N] [--rpc HOST:PORT] [--n-gpu-layers N] [--cpu-moe]\n");
+        "                   [--turns N] [--no-repack] [--ubatch N] [--rpc HOST:PORT] [--n-gpu-layers N] [--cpu-moe]\n");
 }
 
 // Checks all values are finite; reports the first offender.
@@ -111,6 +111,7 @@ int main(int argc, char ** argv) {
     long n_threads  = 2;
     long n_prompt   = 48;
     long n_gen      = 8;
+    long n_turns    = 1;
     long n_ubatch   = 64;
     bool no_repack  = false;
     const char * rpc_endpoint = NULL;
@@ -128,6 +129,9 @@ int main(int argc, char ** argv) {
             ++i;
         } else if (strcmp(a, "--gen-tokens") == 0) {
             if (!parse_int(a, v, 0, (long) N_CTX, &n_gen)) { return 2; }
+            ++i;
+        } else if (strcmp(a, "--turns") == 0) {
+            if (!parse_int(a, v, 1, (long) N_CTX, &n_turns)) { return 2; }
             ++i;
         } else if (strcmp(a, "--ubatch") == 0) {
             if (!parse_int(a, v, 1, (long) N_CTX, &n_ubatch)) { return 2; }
@@ -165,8 +169,9 @@ int main(int argc, char ** argv) {
         usage();
         return 2;
     }
-    if (n_prompt + n_gen > (long) N_CTX) {
-        say("--prompt-tokens + --gen-tokens (%ld) exceeds the context size %u", n_prompt + n_gen, N_CTX);
+    if (n_turns * (n_prompt + n_gen) > (long) N_CTX) {
+        say("--turns x (--prompt-tokens + --gen-tokens) (%ld) exceeds the context size %u", n_turns * (n_prompt + n_gen),
+            N_CTX);
         return 2;
     }
 
@@ -258,7 +263,7 @@ int main(int argc, char ** argv) {
         goto done;
     }
 
-    const size_t n_rows = (size_t) (n_prompt + n_gen);
+    const size_t n_rows = (size_t) (n_turns * (n_prompt + n_gen));
     rows = malloc(n_rows * (size_t) n_vocab * sizeof(float));
     if (rows == NULL) {
         say("out of memory allocating %zu logit rows of %d", n_rows, (int) n_vocab);
@@ -269,51 +274,56 @@ int main(int argc, char ** argv) {
     batch_alive = true;
 
     uint32_t lcg = 0x6775616eu; // "guan"
-    batch.n_tokens = (int32_t) n_prompt;
-    for (int32_t i = 0; i < (int32_t) n_prompt; ++i) {
-        const llama_token tok = (llama_token) (lcg_next(&lcg) % (uint32_t) n_vocab);
-        batch_set(&batch, i, tok, i, true);
-    }
-
-    int32_t ret = llama_decode(ctx, batch);
-    if (ret != 0) {
-        say("llama_decode failed on the %ld-token prompt batch (ret = %d)", n_prompt, (int) ret);
-        goto done;
-    }
-
     size_t row = 0;
-    for (int32_t i = 0; i < (int32_t) n_prompt; ++i, ++row) {
-        const float * l = llama_get_logits_ith(ctx, i);
-        if (l == NULL) {
-            say("no logits for prompt position %d", (int) i);
-            goto done;
+    // Each turn after the first is a prompt after decode: what the engine keeps across that boundary (its
+    // resident experts, and memory the prompt borrows and gives back) must not change a logit either.
+    for (long turn = 0; turn < n_turns; ++turn) {
+        const size_t first_row = row;
+        batch.n_tokens = (int32_t) n_prompt;
+        for (int32_t i = 0; i < (int32_t) n_prompt; ++i) {
+            const llama_token tok = (llama_token) (lcg_next(&lcg) % (uint32_t) n_vocab);
+            batch_set(&batch, i, tok, (llama_pos) (first_row + (size_t) i), true);
         }
-        if (!check_finite(l, n_vocab, (int32_t) row)) {
-            goto done;
-        }
-        memcpy(rows + row * (size_t) n_vocab, l, (size_t) n_vocab * sizeof(float));
-    }
 
-    // Single-token steps exercise the batch-size-1 (mat-vec) kernels, which differ from the
-    // prompt's mat-mat path and touch only the experts the router picks for one token.
-    for (int32_t g = 0; g < (int32_t) n_gen; ++g, ++row) {
-        const llama_token next = argmax(rows + (row - 1) * (size_t) n_vocab, n_vocab);
-        batch.n_tokens = 1;
-        batch_set(&batch, 0, next, (llama_pos) row, true);
-        ret = llama_decode(ctx, batch);
+        int32_t ret = llama_decode(ctx, batch);
         if (ret != 0) {
-            say("llama_decode failed on generation step %d (ret = %d)", (int) g, (int) ret);
+            say("llama_decode failed on the %ld-token prompt batch (ret = %d)", n_prompt, (int) ret);
             goto done;
         }
-        const float * l = llama_get_logits_ith(ctx, -1);
-        if (l == NULL) {
-            say("no logits for generation step %d", (int) g);
-            goto done;
+
+        for (int32_t i = 0; i < (int32_t) n_prompt; ++i, ++row) {
+            const float * l = llama_get_logits_ith(ctx, i);
+            if (l == NULL) {
+                say("no logits for prompt position %d", (int) i);
+                goto done;
+            }
+            if (!check_finite(l, n_vocab, (int32_t) row)) {
+                goto done;
+            }
+            memcpy(rows + row * (size_t) n_vocab, l, (size_t) n_vocab * sizeof(float));
         }
-        if (!check_finite(l, n_vocab, (int32_t) row)) {
-            goto done;
+
+        // Single-token steps exercise the batch-size-1 (mat-vec) kernels, which differ from the
+        // prompt's mat-mat path and touch only the experts the router picks for one token.
+        for (int32_t g = 0; g < (int32_t) n_gen; ++g, ++row) {
+            const llama_token next = argmax(rows + (row - 1) * (size_t) n_vocab, n_vocab);
+            batch.n_tokens = 1;
+            batch_set(&batch, 0, next, (llama_pos) row, true);
+            ret = llama_decode(ctx, batch);
+            if (ret != 0) {
+                say("llama_decode failed on generation step %d (ret = %d)", (int) g, (int) ret);
+                goto done;
+            }
+            const float * l = llama_get_logits_ith(ctx, -1);
+            if (l == NULL) {
+                say("no logits for generation step %d", (int) g);
+                goto done;
+            }
+            if (!check_finite(l, n_vocab, (int32_t) row)) {
+                goto done;
+            }
+            memcpy(rows + row * (size_t) n_vocab, l, (size_t) n_vocab * sizeof(float));
         }
-        memcpy(rows + row * (size_t) n_vocab, l, (size_t) n_vocab * sizeof(float));
     }
 
     out = fopen(out_path, "wb");
@@ -337,9 +347,9 @@ int main(int argc, char ** argv) {
     out = NULL;
 
     // measured while model, context and buffers are all still alive, i.e. near the peak
-    printf("logits_dump: n_vocab=%d rows=%zu (prompt %ld + gen %ld) threads=%ld ubatch=%ld repack=%s "
+    printf("logits_dump: n_vocab=%d rows=%zu (%ld x (prompt %ld + gen %ld)) threads=%ld ubatch=%ld repack=%s "
            "fnv1a=%016llx rss_anon_kb=%ld rss_file_kb=%ld\n",
-           (int) n_vocab, n_rows, n_prompt, n_gen, n_threads, n_ubatch, no_repack ? "off" : "on",
+           (int) n_vocab, n_rows, n_turns, n_prompt, n_gen, n_threads, n_ubatch, no_repack ? "off" : "on",
            (unsigned long long) fnv1a(1469598103934665603ull, rows, n_floats * sizeof(float)),
            status_kb("RssAnon"), status_kb("RssFile"));
     rc = 0;

@@ -47,6 +47,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                "layer-lru io_uring 3M direct pilot+repack=on" "lru threads 2M page-cache none+repack=off" \
                "layer-lru io_uring 4M page-cache pilot+stream --ubatch 16" "guanaco threads 3M page-cache gate+stream" \
                "lru threads 2M direct pilot+stream --ubatch 16" "guanaco io_uring 3M direct gate+stream+sdirect=off" \
+               "lru threads 2M direct pilot+stream --turns 3" \
                "lru io_uring 3M page-cache pilot+nostream --ubatch 16" \
                "layer-lru threads 3M page-cache pilot+overlap=off --ubatch 16"; do
         set -- $run
@@ -54,6 +55,7 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
         # throttled-X: predictor X with the throttle on, so read-ahead changes between ubatches (40 tokens: decode
         # starts off, tries read-ahead in its third epoch of 4 tokens and again at most one epoch in 8)
         # X+repack=Y: --guanaco-repack Y (the default is auto)
+        # --turns 3: prompt and decode three times in one context, so that prompts come after decode
         # X+stream: --guanaco-stream-prompts on (the default), checked to stream (direct loading too: its prompts
         # read into the stream buffers with O_DIRECT, or with X+sdirect=off through the page cache, its decode
         # into slots); X+nostream: off
@@ -83,8 +85,8 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
         [ "$repack" = on ] && [ "$reference" = off ] && ref_name="plain default, as --guanaco-repack on promises"
         [ "$repack" = off ] && [ "$reference" = default ] && ref_name="off --guanaco-reference, as --guanaco-repack off promises"
         ref="$W/$arch.$reference.bin"
-        if [ "${6:-}" = --gen-tokens ]; then
-            ref="$W/$arch.$reference.gen$7.bin"
+        if [ "${6:-}" = --gen-tokens ] || [ "${6:-}" = --turns ]; then
+            ref="$W/$arch.$reference.${6#--}$7.bin"
             [ -f "$ref" ] || env -u GUANACO_STREAMING -u GUANACO_REFERENCE "${ref_env[@]}" "$LOGITS_DUMP" "$m" "$ref" $6 $7 \
                 >/dev/null 2>&1
         fi
@@ -132,6 +134,20 @@ for spec in "qwen3moe Q8_0" "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "lfm
                     awk -v on=$([ $sdirect = on ] && echo 1 || echo 0) '{ s += $1 } END { exit !(NR > 0 && (s > 0) == on) }'
                 check "$arch $quant: $name streamed into the stream buffers: $sdirect" $? \
                     "$(grep -o 'streamed [^)]*)' "$W/$arch.$name.log" | tail -2)"
+            fi
+            # a prompt after decode gives slots back (the spares, its streamed layers' evictions), splitting the 2 MiB
+            # pages they share with resident neighbours; the next decode rebuilds them, and the cmp above says the
+            # neighbours' bytes survived
+            if [ "${6:-}" = --turns ] && [ "$4" = direct ] && [ $slots = on ]; then
+                if grep -q 'cannot rebuild huge pages' "$W/$arch.$name.log" ||
+                    grep -q '\[never\]' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null; then
+                    echo "SKIP $arch $quant: $name rebuilt huge pages (no transparent huge pages or MADV_COLLAPSE here)"
+                else
+                    grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -oE 'huge pages rebuilt [0-9]+' |
+                        awk '{ s += $4 } END { exit !(s > 0) }'
+                    check "$arch $quant: $name rebuilt the huge pages its later prompts split" $? \
+                        "$(grep -oE 'huge pages rebuilt [^)]*\)' "$W/$arch.$name.log" | sort | uniq -c | tr '\n' ' ')"
+                fi
             fi
         elif [ $stream = off ]; then
             grep 'guanaco: residency: [0-9]' "$W/$arch.$name.log" | grep -o 'streamed [0-9.]* MiB' |
