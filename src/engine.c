@@ -365,7 +365,10 @@ static void choose_stream_direct(struct guanaco_engine *engine, bool contexts_kn
                         : guanaco_stream_buffers_loan(engine->process_memory, hot_non_expert, engine->budget_bytes,
                                                       contexts, contexts_known, st.stream_buffer_bytes);
     bool fit = loan != GUANACO_STREAM_BUFFERS_REFUSED;
+    /* beside the budget in the memory this process has, they may as well stay: only where that memory is known */
+    bool keep = fit && loan == 0 && engine->process_memory;
     guanaco_residency_set_stream_loan(engine->residency, fit ? loan : 0);
+    guanaco_residency_set_stream_keep(engine->residency, keep);
     guanaco_residency_set_stream_direct(engine->residency, fit);
     if (!contexts_known || ((int)fit == engine->stream_direct_told && (!fit || loan == engine->stream_loan_told))) {
         return; /* not decided until the contexts' buffers are known, or said already */
@@ -383,8 +386,12 @@ static void choose_stream_direct(struct guanaco_engine *engine, bool contexts_kn
                      gib(loan), gib(engine->budget_bytes), gib(engine->process_memory), gib(hot_non_expert),
                      gib((uint64_t)(contexts > 0 ? contexts : 0)));
         }
-        guanaco_log_info("prompts stream with O_DIRECT into two layer buffers, %.2f GiB in all while a prompt "
-                         "streams%s", gib(st.stream_buffer_bytes), lent);
+        guanaco_log_info("prompts stream with O_DIRECT into two layer buffers, %.2f GiB in all %s%s",
+                         gib(st.stream_buffer_bytes),
+                         keep ? "from the first prompt on (they fit beside the budget, so they stay mapped between "
+                                "prompts)"
+                              : "while a prompt streams",
+                         lent);
     } else {
         guanaco_log_info("prompts stream through the page cache: the O_DIRECT stream buffers (%.2f GiB) do not fit in "
                          "%.2f GiB beside the non-expert weights (%.2f GiB without the token embedding's), the "

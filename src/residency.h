@@ -192,7 +192,7 @@ struct guanaco_residency_config {
        mapped on a guest with shadow page tables (bench/PIPELINE.md). The buffers are mapped at a prompt's first
        streamed call, in 2 MiB pages, and given back at the first call that neither streams nor serves
        GUANACO_PROMPT_MIN_TOKENS tokens (n_expert_used): 2 W of anonymous memory in place of the 2 W of page cache above, while a prompt
-       streams. Where they do not fit beside the budget, the budget lends them what is missing while they are
+       streams; or kept from then on where they fit beside the budget (guanaco_residency_set_stream_keep). Where they do not fit beside the budget, the budget lends them what is missing while they are
        mapped (guanaco_residency_set_stream_loan), and where that would be more than half of it the engine
        turns them off (set_stream_direct). Not with several contexts (set_shared): page cache as before, and
        buffers mapped when a second context came stay as they are (the first may be computing from one) until
@@ -236,6 +236,7 @@ struct guanaco_residency_stats {
     uint64_t streamed_huge_bytes;   /* read ahead for streamed calls through the MADV_HUGEPAGE mapping */
     uint64_t streamed_direct_bytes; /* streamed calls' experts read with O_DIRECT into the stream buffers */
     uint64_t stream_buffer_bytes;   /* the stream buffers' memory (stream_direct), held while a prompt streams */
+    uint64_t stream_memory_bytes;   /* now: the stream buffers' memory mapped (0 when given back) */
     uint64_t loaded_huge_bytes;     /* demand loads' bytes read through the MADV_HUGEPAGE mapping */
     uint64_t spare_reused_bytes;    /* DIRECT copies read into an evicted copy's pages (spares), not into fresh
                                        ones the kernel allocates and zeroes */
@@ -403,6 +404,12 @@ void guanaco_residency_set_stream_direct(struct guanaco_residency *r, bool on);
    default): when they are mapped the policy gives up that many bytes of its least wanted experts, and takes them
    back as decode wants them once the buffers go. The engine's rule of what memory leaves (budget.h). */
 void guanaco_residency_set_stream_loan(struct guanaco_residency *r, uint64_t bytes);
+
+/* Whether the stream buffers stay mapped between prompts (false, the default: they go at the first call that does
+   not stream). The engine's rule: where they fit beside the budget with nothing lent, decoding never needs their
+   memory, and mapping them afresh for every prompt costs its 2 MiB pages' faults and zeroing again. Kept buffers
+   go all the same when a loan is held, with several contexts, or when stream_direct is off. */
+void guanaco_residency_set_stream_keep(struct guanaco_residency *r, bool keep);
 
 /* Changes the budget (and the read-ahead allowance, half of it, when read-ahead is on). Nothing is
    evicted now: the next prepare_layer brings the resident bytes under it. */

@@ -500,6 +500,53 @@ static void test_stream_buffers_through_prompt(const struct model *m, enum guana
 }
 
 /*
+ * set_stream_keep: buffers that fit beside the budget stay mapped through decode, emptied (nothing serves from
+ * them), and the next prompt streams into the same memory with the file's bytes; turned off (the engine's rule
+ * changed, e.g. a loan is needed now), the next decode call gives them back.
+ */
+static void test_stream_keep(const struct model *m, enum guanaco_io_backend io) {
+    int32_t ids[N_EXPERT];
+    uint32_t named[N_EXPERT];
+    struct guanaco_residency *r = create_streaming(m, EXPERT_BYTES * 3, io, ids, named, 0);
+    if (!r) {
+        return;
+    }
+    guanaco_residency_set_stream_keep(r, true);
+    uint32_t first = 0, second = 1;
+    CHECK(guanaco_residency_prepare_layer(r, first, ids, N_EXPERT, 0) == 0);
+    const void *held = NULL;
+    CHECK(served_from_buffer(m, r, first, 7) &&
+          guanaco_residency_expert_data(r, m->map + m->offset[first][0], 7, true, &held) && held);
+    /* decode: kept, and emptied */
+    CHECK(guanaco_residency_prepare_layer(r, second, ids + 3, 1, 1) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    struct guanaco_residency_stats st;
+    guanaco_residency_get_stats(r, &st);
+    CHECK(held && address_mapped(held) && st.stream_memory_bytes > 0);
+    const void *data = m->map;
+    CHECK(guanaco_residency_expert_data(r, m->map + m->offset[first][0], 7, true, &data) && data == NULL);
+    /* the next prompt: the same buffers' memory, the file's bytes */
+    CHECK(guanaco_residency_prepare_layer(r, second, ids, N_EXPERT, 2) == 0);
+    bool served = true, same_memory = false;
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        served = served && served_from_buffer(m, r, second, e);
+        data = NULL;
+        same_memory = same_memory ||
+                      (guanaco_residency_expert_data(r, m->map + m->offset[second][0], e, true, &data) && data == held);
+    }
+    CHECK(served && same_memory);
+    /* keep off: the next decode call gives them back */
+    guanaco_residency_set_stream_keep(r, false);
+    CHECK(guanaco_residency_prepare_layer(r, first, ids + 3, 1, 3) == 0);
+    CHECK(guanaco_residency_finish(r) == 0);
+    guanaco_residency_get_stats(r, &st);
+    CHECK(st.stream_memory_bytes == 0 && st.load_failures == 0);
+    printf("  %-8s stream buffers: kept mapped through decode where they fit, the next prompt streamed into the "
+           "same memory, given back once not kept\n", guanaco_io_backend_name(io));
+    guanaco_residency_destroy(r);
+}
+
+/*
  * A second context arrives while the first computes a streamed layer from a buffer, decodes, and leaves: the
  * first context's matmuls hold addresses in the buffer, so its bytes stay mapped and unchanged through the second
  * context's creation (set_shared, then set_stream_direct as the engine's memory rule runs), the second context's
@@ -2748,6 +2795,7 @@ int main(void) {
             test_stream_direct(&m, io);
             test_stream_direct_contexts(&m, io);
             test_stream_buffers_through_prompt(&m, io);
+            test_stream_keep(&m, io);
             test_stream_loan(&m, io);
             test_arena_slots(&m, io);
             test_arena_slot_faults(&m, io);
