@@ -76,6 +76,22 @@ static bool check_finite(const float * row, int32_t n_vocab, int32_t row_idx) {
     return true;
 }
 
+// Copies the logits of batch position `at` (-1: the last) into row `row`; false, said, where there are none or
+// one is not finite. `what` and `which` name the position for the message.
+static bool keep_row(struct llama_context * ctx, int32_t at, int32_t n_vocab, float * rows, size_t row,
+                     const char * what, int32_t which) {
+    const float * l = llama_get_logits_ith(ctx, at);
+    if (l == NULL) {
+        say("no logits for %s %d", what, (int) which);
+        return false;
+    }
+    if (!check_finite(l, n_vocab, (int32_t) row)) {
+        return false;
+    }
+    memcpy(rows + row * (size_t) n_vocab, l, (size_t) n_vocab * sizeof(float));
+    return true;
+}
+
 // Anonymous memory (kB) from /proc/self/status, or -1 where that file does not exist.
 // The cgroup test sizes its memory limit from this: the limit must hold the process's own
 // heap/KV/compute buffers (which cannot be reclaimed) and still be well below the model size.
@@ -292,15 +308,9 @@ int main(int argc, char ** argv) {
         }
 
         for (int32_t i = 0; i < (int32_t) n_prompt; ++i, ++row) {
-            const float * l = llama_get_logits_ith(ctx, i);
-            if (l == NULL) {
-                say("no logits for prompt position %d", (int) i);
+            if (!keep_row(ctx, i, n_vocab, rows, row, "prompt position", i)) {
                 goto done;
             }
-            if (!check_finite(l, n_vocab, (int32_t) row)) {
-                goto done;
-            }
-            memcpy(rows + row * (size_t) n_vocab, l, (size_t) n_vocab * sizeof(float));
         }
 
         // Single-token steps exercise the batch-size-1 (mat-vec) kernels, which differ from the
@@ -314,15 +324,9 @@ int main(int argc, char ** argv) {
                 say("llama_decode failed on generation step %d (ret = %d)", (int) g, (int) ret);
                 goto done;
             }
-            const float * l = llama_get_logits_ith(ctx, -1);
-            if (l == NULL) {
-                say("no logits for generation step %d", (int) g);
+            if (!keep_row(ctx, -1, n_vocab, rows, row, "generation step", g)) {
                 goto done;
             }
-            if (!check_finite(l, n_vocab, (int32_t) row)) {
-                goto done;
-            }
-            memcpy(rows + row * (size_t) n_vocab, l, (size_t) n_vocab * sizeof(float));
         }
     }
 
