@@ -2575,14 +2575,14 @@ static void stream_buffers_release(struct guanaco_residency *r) {
     if (!r->stream_memory) {
         return;
     }
-    if (r->stream_keep && r->stream_direct && !r->stream_loan_held && !r->stream_quarantined && !r->shared) {
-        for (uint32_t b = 0; b < STREAM_BUFFERS; b++) {
-            stream_buffer_stop(r, &r->stream_buffers[b]);
-        }
+    for (uint32_t b = 0; b < STREAM_BUFFERS; b++) {
+        stream_buffer_stop(r, &r->stream_buffers[b]);
+    }
+    /* the one caller runs for one context only; quarantined buffers go whatever the rule */
+    if (r->stream_keep && r->stream_direct && !r->stream_loan_held && !r->stream_quarantined) {
         return;
     }
     for (uint32_t b = 0; b < STREAM_BUFFERS; b++) {
-        stream_buffer_stop(r, &r->stream_buffers[b]);
         r->stream_buffers[b].at = NULL;
     }
     munmap(r->stream_memory, r->stream_memory_bytes);

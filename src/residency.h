@@ -191,9 +191,10 @@ struct guanaco_residency_config {
        each streamed page was mapped afresh, and its first read cost about 1 us more than a page that stays
        mapped on a guest with shadow page tables (bench/PIPELINE.md). The buffers are mapped at a prompt's first
        streamed call, in 2 MiB pages, and given back at the first call that neither streams nor serves
-       GUANACO_PROMPT_MIN_TOKENS tokens (n_expert_used): 2 W of anonymous memory in place of the 2 W of page cache above, while a prompt
-       streams; or kept from then on where they fit beside the budget (guanaco_residency_set_stream_keep). Where they do not fit beside the budget, the budget lends them what is missing while they are
-       mapped (guanaco_residency_set_stream_loan), and where that would be more than half of it the engine
+       GUANACO_PROMPT_MIN_TOKENS tokens (n_expert_used): 2 W of anonymous memory in place of the 2 W of page cache
+       above, while a prompt streams; or kept from then on where they fit beside the budget
+       (guanaco_residency_set_stream_keep). Where they do not fit beside the budget, the budget lends them what is
+       missing while they are mapped (guanaco_residency_set_stream_loan), and where that would be more than half of it the engine
        turns them off (set_stream_direct). Not with several contexts (set_shared): page cache as before, and
        buffers mapped when a second context came stay as they are (the first may be computing from one) until
        one context is left and calls again. */

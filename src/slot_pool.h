@@ -77,9 +77,9 @@ int guanaco_slot_pool_give(struct guanaco_slot_pool *pool, char *at, uint64_t le
 /* Rebuilds the huge pages that gives split since the last call into 2 MiB pages (MADV_COLLAPSE): the taken
    slots' bytes are kept, and a split page's empty parts come back as zeros and count in its memory again, so call
    it only where the pool may hold all its chunks (never while it lends memory to something else). A page no
-   taken slot touches is emptied whole instead (rebuilt, the kernel would fill it with zeros). Returns how many pages were rebuilt
-   (one the kernel could not rebuild now stays small), or -EOPNOTSUPP where the kernel cannot (before 6.1;
-   nothing is recorded from then on). */
+   taken slot touches is emptied whole instead, not rebuilt: the kernel would fill it with zeros. Returns how many
+   pages were rebuilt (one the kernel could not rebuild now stays small), or -EOPNOTSUPP where the kernel cannot
+   (before 6.1; nothing is recorded from then on). */
 long guanaco_slot_pool_collapse(struct guanaco_slot_pool *pool);
 
 /* Unmaps every chunk, slots still taken included. */
