@@ -9,6 +9,10 @@
 #   bench/benchmarks.sh              everything (about 2 h 10 min on 2 cores and a 1 GB/s disk, models already written:
 #                                    112 min on Dec 3, and overhead.sh's 12 rounds since take about 20 min more)
 #   bench/benchmarks.sh --assemble   only rebuild BENCHMARKS.md and the README's table from the last runs' reports
+#   bench/benchmarks.sh --only "NAME..."   run only the named live tables (the run directories below: qwen3-24-pipeline,
+#                                    qwen3-24-own, mixtral-replay, qwen3-random, qwen3-variants, mixtral-load-ab,
+#                                    qwen3-load-ab, qwen3-prefetch-ab, mixtral-prefetch-ab, overhead, warm-start), then
+#                                    assemble; the other tables keep their last runs
 #
 # Knobs (environment): BENCH_DIR (models and runs, default build/bench), BENCH_REPS (default 1),
 # BENCH_TOKENS (decode tokens per run, default 16).
@@ -37,6 +41,41 @@ model() { # model PATH ARGS...: write a synthetic model once, and wait for it to
     [ -f "$path" ] || { "$BIN/guanaco-mkmodel" "$@" -o "$path.partial" && mv "$path.partial" "$path" && sync; }
 }
 
+ONLY=""
+case ${1:-} in
+--assemble | "") ;;
+--only)
+    ONLY=${2:?--only needs a list of table names}
+    for name in $ONLY; do
+        case $name in
+        qwen3-24-pipeline | qwen3-24-own | mixtral-replay | qwen3-random | qwen3-variants | mixtral-load-ab | \
+            qwen3-load-ab | qwen3-prefetch-ab | mixtral-prefetch-ab | overhead | warm-start) ;;
+        *) echo "benchmarks: unknown table '$name' (see the header of $0)" >&2; exit 2 ;;
+        esac
+    done ;;
+*) echo "benchmarks: unknown argument '$1' (none, --assemble or --only \"NAME...\")" >&2; exit 2 ;;
+esac
+table() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; } # table NAME: whether this run measures it
+
+# Mixtral's warm in-RAM compute per token, from its 8-layer slice (x 4), measured before each Mixtral table as each
+# Qwen table has its own warm ram runs: a single reading of it, taken as the run began, gave 689 ms per token on Dec 5
+# where the slice measured 343-430 ms (x 4) a day later, and it set the simulator's compute for every Mixtral cell.
+# The slice is evicted and read again (readahead's large folios, as the ram runs have), decoded once untimed, then
+# 5 repetitions; their median.
+mixtral_compute_ms() {
+    "$BIN/evict_file" "$MIXTRAL_8L" >/dev/null
+    cat "$MIXTRAL_8L" >/dev/null
+    GUANACO_LOG=0 "$BIN/llama-bench" -m "$MIXTRAL_8L" -p 0 -n 4 -r 1 -nr -o csv >/dev/null
+    GUANACO_LOG=0 "$BIN/llama-bench" -m "$MIXTRAL_8L" -p 0 -n "$TOKENS" -r 5 -nr -o json >"$DIR/mixtral-8L-ram.json"
+    jq -r '[.[0].samples_ts[]] | sort | .[length / 2 | floor] | 4 * 1000 / . | floor' "$DIR/mixtral-8L-ram.json"
+}
+mixtral_table() { # mixtral_table SIDE_BY_SIDE_ARGS...: one Mixtral table, with a warm reference measured just before
+    local ms
+    ms=$(mixtral_compute_ms)
+    [[ $ms =~ ^[0-9]+$ ]] || { echo "benchmarks: no warm reference from $MIXTRAL_8L" >&2; exit 1; }
+    bash "$ROOT/bench/side_by_side.sh" "$@" --compute-ms "$ms"
+}
+
 if [ "${1:-}" != --assemble ]; then
     bash "$ROOT/scripts/setup.sh"
     model "$QWEN" --preset qwen3-30b-a3b --quant Q4_0
@@ -56,54 +95,49 @@ if [ "${1:-}" != --assemble ]; then
     "$BIN/guanaco-sim" --trace "$QWEN_PRESET" --shape qwen3-30b-a3b --budgets 10%,25%,50%,75%,100% \
         --csv "$DIR/sim-qwen3.csv" --plot "$ROOT/docs/bench/sim-qwen3.png" >"$DIR/sim-qwen3.txt"
 
-    # ---- live: warm in-RAM compute of Mixtral from its 8-layer slice (read into the page cache first) ----
-    cat "$MIXTRAL_8L" >/dev/null
-    GUANACO_LOG=0 "$BIN/llama-bench" -m "$MIXTRAL_8L" -p 0 -n "$TOKENS" -r 3 -nr -o csv >"$DIR/mixtral-8L-ram.csv"
-    mixtral_ms=$(awk -F'"?,"?' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i }
-        NR == 2 { gsub(/"/, "", $c["avg_ts"]); printf "%.0f", 4 * 1000 / $c["avg_ts"] }' "$DIR/mixtral-8L-ram.csv")
-
     # ---- live: side by side ----
     # the pipeline first (issue 8's targets): prefetch none against pilot, prompt and decode, replayed and own
     # routing; a run cut short then still holds them
-    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --replay "$QWEN24_PRESET" --budgets 25 \
+    table qwen3-24-pipeline && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --replay "$QWEN24_PRESET" --budgets 25 \
         --variants "ram plain guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 32 --prompt 256 --reps 3 \
         --out "$DIR/qwen3-24-pipeline" --title "Qwen3-30B-A3B shape, 24 layers, Q8_0, replayed Qwen3 preset routing, 25%: prefetch none against pilot"
-    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --budgets 25 \
+    table qwen3-24-own && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --budgets 25 \
         --variants "ram plain guanaco+prefetch=none guanaco+prefetch=pilot guanaco+prefetch=gate" --tokens 32 --prompt 256 --reps 3 \
         --out "$DIR/qwen3-24-own" --title "Qwen3-30B-A3B shape, 24 layers, Q8_0, the model's own routing, 25%: prefetch none, pilot and gate"
-    bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets "10 25 50" \
-        --variants "plain guanaco" --tokens "$TOKENS" --prompt 0 --reps "$REPS" --compute-ms "$mixtral_ms" \
+    table mixtral-replay && mixtral_table --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets "10 25 50" \
+        --variants "plain guanaco" --tokens "$TOKENS" --prompt 0 --reps "$REPS" \
         --out "$DIR/mixtral-replay" --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing (humaneval)"
-    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --budgets "10 25 50 100" --variants "ram plain guanaco" \
+    table qwen3-random && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --budgets "10 25 50 100" --variants "ram plain guanaco" \
         --tokens "$TOKENS" --prompt 0 --reps "$REPS" --out "$DIR/qwen3-random" \
         --title "Qwen3-30B-A3B shape, Q4_0, llama-bench's routing"
     # Every Qwen table has its own warm ram run, alternating with its Guanaco runs, and takes its warm compute
     # from it: on this VM the same model's warm decode varied 89-157 ms per token between tables of one
     # benchmark run (bench/SIMULATOR.md), so a reference borrowed from another table misjudges this one.
-    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 --tokens "$TOKENS" \
+    table qwen3-variants && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 --tokens "$TOKENS" \
         --prompt 32 --reps "$REPS" \
         --variants "ram plain lazy guanaco:layer-lru:direct:io_uring guanaco:layer-lru:page-cache:io_uring guanaco:layer-lru:direct:threads guanaco:lru guanaco:lfu guanaco:guanaco" \
         --out "$DIR/qwen3-variants" --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25% budget: every variant"
     # the two ways of making experts resident, alternating, two rounds each
-    bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets 25 \
+    table mixtral-load-ab && mixtral_table --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets 25 \
         --variants "guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens 8 --prompt 0 --reps 2 \
-        --compute-ms "$mixtral_ms" --out "$DIR/mixtral-load-ab" \
+        --out "$DIR/mixtral-load-ab" \
         --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing, 25%: direct against page-cache loading"
-    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
+    table qwen3-load-ab && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
         --variants "ram guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens "$TOKENS" --prompt 0 --reps 2 \
         --out "$DIR/qwen3-load-ab" \
         --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: direct against page-cache loading"
     # prefetch off against on (GUANACO_PREFETCH; pilot is the engine's default), alternating, two rounds each
-    bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
+    table qwen3-prefetch-ab && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
         --variants "ram guanaco+prefetch=none guanaco+prefetch=pilot" --tokens "$TOKENS" --prompt 32 --reps 2 \
         --out "$DIR/qwen3-prefetch-ab" \
         --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: prefetch none against pilot"
-    bash "$ROOT/bench/side_by_side.sh" --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets 25 \
+    table mixtral-prefetch-ab && mixtral_table --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets 25 \
         --variants "guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 8 --prompt 0 --reps 2 \
-        --compute-ms "$mixtral_ms" --out "$DIR/mixtral-prefetch-ab" \
+        --out "$DIR/mixtral-prefetch-ab" \
         --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing, 25%: prefetch none against pilot"
-    bash "$ROOT/bench/overhead.sh" --model "$QWEN" >"$DIR/overhead.txt"
-    bash "$ROOT/bench/warm_start.sh" --model "$QWEN24" --ram 16G --reps 5 >"$DIR/warm-start.txt"
+    table overhead && bash "$ROOT/bench/overhead.sh" --model "$QWEN" >"$DIR/overhead.txt"
+    table warm-start && bash "$ROOT/bench/warm_start.sh" --model "$QWEN24" --ram 16G --reps 5 >"$DIR/warm-start.txt"
+    true # the last table may be one --only left out
 fi
 
 # ---- assemble ----

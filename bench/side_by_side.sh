@@ -256,6 +256,13 @@ run() {
                 "(the warm in-RAM reference needs >= $WARM_PCT%; is memory short?)" >&2
             exit 1
         fi
+        # One untimed decode first: the first process to map the model after it was read decoded slower than the
+        # next ones (48-layer Q4_0, evicted and read twice, then three llama-bench -p 0 -n 16 runs, two cycles:
+        # 7.41 then 9.20 and 9.27 tok/s; 8.38 then 9.83 and 10.05; Dec 6, bench/PIPELINE.md), and the reference
+        # is the steady state a user's second run sees.
+        GUANACO_LOG=0 "$BIN/llama-bench" -m "$MODEL" -p 0 -n 4 -r 1 -t "$THREADS" \
+            $([ "$REPACK" = 1 ] || echo -nr) -o csv >/dev/null 2>&1 || true
+        cached=$(model_cached)
     else
         "$BIN/evict_file" "$MODEL" >/dev/null
         cached=$(model_cached)
