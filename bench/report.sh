@@ -43,8 +43,9 @@
 #                       measured with /proc/stat, bench/PIPELINE.md) over the machine's cores. The policy is
 #                       the one the engine's log names. A direct-loading cell is replayed with --load direct:
 #                       no folio CPU, its copies' placing and eviction at the CPU-s per GB of the measured
-#                       decode's status lines, and no --overlap-layer (its rate, timed over the matmuls'
-#                       waits, already holds the layer's overlap).
+#                       decode's status lines, its O_DIRECT reads' CPU (DIRECT_READ_CPU_S_PER_GB, measured
+#                       with /proc/stat around fio) over the cores, and no --overlap-layer (its rate, timed
+#                       over the matmuls' waits, already holds the layer's overlap).
 #   sim error           (simulated - live) / live, against the median
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,6 +61,11 @@ UBATCH=512     # side_by_side.sh's -ub: the prompt's status lines come one per u
 # kernel's cost per 4 KiB folio": 0.57-0.62 and 0.32-0.35 CPU-s per 2 GiB).
 READ_CPU_S_PER_GB=0.28
 DROP_CPU_S_PER_GB=0.16
+# CPU seconds per GB an O_DIRECT read costs this VM (the virtio notify, the interrupt, the completion), measured with
+# /proc/stat around fio alone, 1 MiB requests at queue depth 16, 3 rounds: 0.149-0.166
+# (docs/bench/direct-read-cpu-dec6.sh, bench/SIMULATOR.md). Direct loading's io thread spends it while the layer's
+# ready experts compute on the same 2 cores.
+DIRECT_READ_CPU_S_PER_GB=0.16
 # shellcheck disable=SC2034 # --expert-bytes is accepted from side_by_side.sh; the tables do not need it
 while [ $# -gt 0 ]; do
     case $1 in
@@ -189,6 +195,7 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
         --load "$load" --threads 1)
     [ "$load" = direct ] && [ "$map" != - ] && args+=(--map-cpu-s-per-gb "$map")
     [ "$load" = direct ] && [ "$evict" != - ] && args+=(--evict-cpu-s-per-gb "$evict")
+    [ "$load" = direct ] && args+=(--direct-read-cpu-s-per-gb "$DIRECT_READ_CPU_S_PER_GB")
     [ "$predictor" != none ] && args+=(--predictor "$predictor")
     [ "$pgbps" != - ] && args+=(--prompt-disk-gbps "$pgbps")
     [ -n "$pms" ] && args+=(--prompt-compute-ms "$pms")
@@ -352,8 +359,8 @@ done
     echo "the reads' issue and fio is used) and the kernel's CPU per GB of 4 KiB folios ($READ_CPU_S_PER_GB s read, $DROP_CPU_S_PER_GB s drop,"
     echo "$CORES cores); with direct loading, whose status lines time the matmuls' waits (the layer's overlap is in"
     echo "that rate, so the replay does not apply it again), no folio CPU but the copies' placing and eviction at the"
-    echo "CPU-s per GB the same lines give (next table); sim error: (simulated - live) / live. bench/SIMULATOR.md has"
-    echo "the model and its record."
+    echo "CPU-s per GB the same lines give (next table), and the O_DIRECT reads' own CPU ($DIRECT_READ_CPU_S_PER_GB s per GB, over the"
+    echo "cores, taken from compute); sim error: (simulated - live) / live. bench/SIMULATOR.md has the model and its record."
 
     if [ -n "$guanaco_variants" ]; then
         echo

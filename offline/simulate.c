@@ -185,7 +185,7 @@ struct pipeline_ahead {
     double window_seconds;   /* the issuing request's compute */
     size_t n;                /* experts read ahead: ahead_experts[0..n) */
     uint64_t bytes;
-    double kernel_seconds;   /* the CPU its reads take from compute (4 KiB folios; 0 when streamed) */
+    double kernel_seconds;   /* the CPU its reads take from compute (4 KiB folios or O_DIRECT; 0 when streamed) */
     bool streamed;           /* read in 2 MiB folios, whose drop is not charged */
 };
 
@@ -293,9 +293,11 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
                                          .window_seconds = compute_seconds, .n = wanted,
                                          .bytes = wanted * expert_bytes};
     run->ahead.streamed = streamed;
-    if (!streamed && !run->config->load_direct) {
+    if (!streamed) {
         uint32_t cores = run->config->cpu_cores ? run->config->cpu_cores : 1;
-        run->ahead.kernel_seconds = (double)run->ahead.bytes * run->config->read_cpu_seconds_per_byte / cores;
+        double per_byte = run->config->load_direct ? run->config->direct_read_cpu_seconds_per_byte
+                                                   : run->config->read_cpu_seconds_per_byte;
+        run->ahead.kernel_seconds = (double)run->ahead.bytes * per_byte / cores;
     }
     return err;
 }
@@ -340,7 +342,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
         !(config->prompt_bytes_per_second >= 0) || !(config->token_seconds >= 0) ||
         !(config->prompt_token_seconds >= 0) || !(config->read_cpu_seconds_per_byte >= 0) ||
         !(config->drop_cpu_seconds_per_byte >= 0) || !(config->map_cpu_seconds_per_byte >= 0) ||
-        !(config->evict_cpu_seconds_per_byte >= 0)) {
+        !(config->evict_cpu_seconds_per_byte >= 0) || !(config->direct_read_cpu_seconds_per_byte >= 0)) {
         return -EINVAL;
     }
     struct pipeline_run run = {.trace = trace, .rows = rows, .config = config, .budget = policy_config->budget_bytes};
@@ -467,6 +469,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
            go with the next call too. Direct copies are placed after their reads and evicted at once. */
         if (config->load_direct) {
             reads.map_seconds = stream ? 0 : (double)(n_missing * expert_bytes) * config->map_cpu_seconds_per_byte;
+
             reads.drop_serial_seconds =
                 (double)(victim_bytes + run.pending_evict_bytes) * config->evict_cpu_seconds_per_byte;
             run.pending_evict_bytes = 0;
@@ -498,6 +501,16 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
             struct guanaco_layer_time time;
             double rate = prompt && config->prompt_bytes_per_second > 0 ? config->prompt_bytes_per_second
                                                                         : config->bytes_per_second;
+            if (config->load_direct && !stream && reads.demand_bytes > 0 && n > 0) {
+                /* The call's own O_DIRECT reads take CPU from compute only while both run: while the layer's
+                   experts already in memory compute and its reads are in flight. For the rest of the read time
+                   the compute threads wait, and the cores are free for it. */
+                double read_seconds = (double)reads.demand_bytes / rate;
+                double window = reads.compute_seconds * (double)(n - n_missing) / (double)n;
+                double share = window < read_seconds ? window / read_seconds : 1.0;
+                reads.kernel_seconds += (double)reads.demand_bytes * config->direct_read_cpu_seconds_per_byte * share /
+                                        (config->cpu_cores ? config->cpu_cores : 1);
+            }
             guanaco_pipeline_layer_time(&reads, rate, &time);
             add_time(phase, &reads, &time);
             phase->ahead_bytes += dropped;

@@ -122,7 +122,15 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  * back over it); the victims of a read-ahead are charged to the next layer.
  * Streamed calls go through the page cache as with page-cache loading. Both
  * rates are inputs measured from the engine's status lines
- * ("mapping" and "eviction" ms), not derived here.
+ * ("mapping" and "eviction" ms), not derived here. The reads themselves cost
+ * CPU too on a VM (the virtio notify, the interrupt, the completion: about
+ * 0.16 CPU-s per GB here, measured with /proc/stat around fio alone,
+ * bench/SIMULATOR.md). direct_read_cpu charges the read-ahead's whole (it
+ * runs under the previous layer's compute, as read-ahead's 4 KiB folios do)
+ * and the share of a call's own reads that runs while the layer's experts
+ * already in memory compute, min(1, that compute / the reads' time), to
+ * compute over the cores; the rest runs while the layer waits and the cores
+ * are free.
  *
  * The CPU costs are per byte in 4 KiB folios, measured with /proc/stat
  * (bench/PIPELINE.md: WILLNEED + MADV_POPULATE_READ about 0.28 CPU-s per GB,
@@ -187,6 +195,8 @@ struct guanaco_pipeline_config {
                                               folios to charge), placed after their reads and evicted at once */
     double map_cpu_seconds_per_byte;       /* direct: CPU to place a loaded byte in the mapping; 0 = free */
     double evict_cpu_seconds_per_byte;     /* direct: CPU to evict a byte (the file mapped back over it); 0 = free */
+    double direct_read_cpu_seconds_per_byte; /* direct: CPU an O_DIRECT read costs per byte (submission, interrupt,
+                                                completion), taken from compute over cpu_cores; 0 = free */
     double token_seconds;                  /* compute of one decode token (a pass of one token), >= 0 */
     double prompt_token_seconds;           /* compute of one token of a pass of several tokens, >= 0 */
 };

@@ -10,7 +10,8 @@
 # --prompt-disk-gbps; a victim's drop (--drop-cpu-s-per-gb) hides under the
 # next call's reads where shorter, and read-ahead's kernel CPU
 # (--read-cpu-s-per-gb over --cpu-cores) slows the compute it overlaps; with
-# --load direct no folio CPU is charged, and placing and evicting copies is.
+# --load direct no folio CPU is charged, and placing and evicting copies is,
+# and so are the O_DIRECT reads' own CPU where compute runs beside them.
 # And the pilot predictor's recall on guanaco-tracegen traces: higher where
 # each layer's routing follows the previous layer's than where it does not.
 # Env: SIM, TRACE_CONVERT, WORKDIR, MKMODEL, TRACEGEN.
@@ -169,6 +170,30 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
         --cpu-cores 2 --load direct --map-cpu-s-per-gb 1914.83 2>&1)
     [ "$(overlap_of "$pout" decode | cut -d' ' -f2)" = "1.54" ]
     check "--load direct: read-ahead costs no kernel CPU, each layer places its copies, 650 ms a token" $? "$pout"
+    # The O_DIRECT reads' own CPU (--direct-read-cpu-s-per-gb X over 2 cores). The read-ahead's runs under the
+    # previous layer's compute and is charged whole: 3829.66 is 100 CPU-ms per 2E, 50 ms on each of layers 1-3,
+    # whose compute becomes 100 ms: 100 + 50 + 50, then 100 + (100 - 50) + 50 three times, 800 ms a token. Layer 0's
+    # demand reads find nothing of the layer in memory to compute beside them and cost nothing more.
+    pout=$("$SIM" --trace "$W/decode.trace" $timing --compute-ms 200 --predictor pilot --cpu-cores 2 --load direct \
+        --map-cpu-s-per-gb 1914.83 --direct-read-cpu-s-per-gb 3829.66 2>&1)
+    [ "$(overlap_of "$pout" decode | cut -d' ' -f2)" = "1.25" ] && echo "$pout" | grep -q "the reads cost 3.83e+03 CPU-s"
+    check "--direct-read-cpu-s-per-gb: read-ahead's reads slow the compute they overlap, 800 ms a token" $? "$pout"
+    # A call's own reads take CPU from compute only while the layer's experts already in memory compute. Each layer
+    # keeps expert 2l (a hit every token) and misses one other (E, 50 ms); budget 3e leaves 2l resident. 7659.3
+    # CPU-s per GB is 100 CPU-ms per E, over 2 cores. At 200 ms a token the hit computes 25 ms of the 50 ms read:
+    # half is charged, 25 ms, per layer 50 + 25 + 50; at 800 ms it computes 100 ms, all of it, 50 ms: 200 + 50 + 50.
+    awk 'BEGIN { for (t = 0; t < 9; t++) for (l = 0; l < 4; l++) print 0, t, l, 2 * l, (2 * l + 1 + t % 7) % 8 }' |
+        write_trace "$W/half.trace"
+    for case in "200 0 2.50" "200 7659.3 2.00" "800 0 1.00" "800 7659.3 0.83"; do
+        read -r compute per_gb want <<<"$case"
+        pout=$("$SIM" --trace "$W/half.trace" --model "$W/tiny.gguf" --budgets 3e --policies lru --disk-gbps 0.00026112 \
+            --warmup 1 --overlap-layer off --compute-ms "$compute" --cpu-cores 2 --load direct \
+            --direct-read-cpu-s-per-gb "$per_gb" 2>&1)
+        got=$(echo "$pout" | awk '$1 == "lru" && $3 == "decode" { print $6, $7 }')
+        [ "$got" = "$want $want" ]
+        check "--direct-read-cpu-s-per-gb $per_gb at $compute ms a token: a call's reads charged while its hit computes" \
+            $? "got '$got', want '$want $want'; $pout"
+    done
     for bad in "--warmup 1" "--prompt-compute-ms 5" "--disk-gbps 1 --compute-ms 1 --warmup -1" \
         "--disk-gbps 1 --compute-ms 1 --prompt-compute-ms x" "--prompt-disk-gbps 1" \
         "--disk-gbps 1 --compute-ms 1 --prompt-disk-gbps 0" "--disk-gbps 1 --compute-ms 1 --stream-prompts maybe" \
@@ -177,7 +202,9 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
         "--disk-gbps 1 --compute-ms 1 --load mmap" "--load direct" \
         "--disk-gbps 1 --compute-ms 1 --map-cpu-s-per-gb 1" \
         "--disk-gbps 1 --compute-ms 1 --load page-cache --evict-cpu-s-per-gb 1" \
-        "--disk-gbps 1 --compute-ms 1 --load direct --evict-cpu-s-per-gb -1"; do
+        "--disk-gbps 1 --compute-ms 1 --load direct --evict-cpu-s-per-gb -1" \
+        "--disk-gbps 1 --compute-ms 1 --direct-read-cpu-s-per-gb 1" \
+        "--disk-gbps 1 --compute-ms 1 --load direct --direct-read-cpu-s-per-gb -1"; do
         refused=$("$SIM" --trace "$W/prompt.trace" --model "$W/tiny.gguf" --budgets 4e $bad 2>&1)
         [ $? -eq 2 ]
         check "refused: $bad" $? "$refused"

@@ -64,7 +64,8 @@ static void print_usage(FILE *out) {
             "                   [--ubatches] [--warmup N] [--prompt-disk-gbps X] [--stream-prompts on|off]\n"
             "                   [--overlap-layer on|off]\n"
             "                   [--read-cpu-s-per-gb X] [--drop-cpu-s-per-gb X] [--cpu-cores N]\n"
-            "                   [--load direct|page-cache [--map-cpu-s-per-gb X] [--evict-cpu-s-per-gb X]]\n"
+            "                   [--load direct|page-cache [--map-cpu-s-per-gb X] [--evict-cpu-s-per-gb X]\n"
+            "                    [--direct-read-cpu-s-per-gb X]]\n"
             "\n"
             "  --trace FILE        a routing trace (docs/TRACE.md); several are replayed back to back\n"
             "  --shape NAME        expert sizes of a named model: mixtral-8x7b (32 layers, 8 experts, top-2)\n"
@@ -114,6 +115,9 @@ static void print_usage(FILE *out) {
             "                      after their reads (the engine's status lines: mapping ms over bytes loaded)\n"
             "  --evict-cpu-s-per-gb X  with --load direct: CPU seconds to evict one GB of copies, at once\n"
             "                      (status lines: eviction ms over bytes evicted). Both default to 0\n"
+            "  --direct-read-cpu-s-per-gb X  with --load direct: CPU seconds one GB of O_DIRECT reads costs\n"
+            "                      (submission, interrupt, completion), taken from compute over --cpu-cores;\n"
+            "                      default 0\n"
             "  --threads N         replays run at once (default: the online CPUs)\n"
             "  --predictor KIND    also replay the traces through an expert predictor (%s) as the engine\n"
             "                      calls it, and report its recall, set size and precision\n"
@@ -642,8 +646,9 @@ static void print_pipeline_header(const struct guanaco_pipeline_config *config, 
            config->drop_cpu_seconds_per_byte * 1e9);
     if (config->load_direct) {
         printf("          direct loading: copies (no 4 KiB folios) placed at %.3g CPU-s per GB after their reads, "
-               "evicted at once at %.3g CPU-s per GB\n",
-               config->map_cpu_seconds_per_byte * 1e9, config->evict_cpu_seconds_per_byte * 1e9);
+               "evicted at once at %.3g CPU-s per GB; the reads cost %.3g CPU-s per GB of compute's cores\n",
+               config->map_cpu_seconds_per_byte * 1e9, config->evict_cpu_seconds_per_byte * 1e9,
+               config->direct_read_cpu_seconds_per_byte * 1e9);
     }
     printf("%-10s %8s %-7s %7s %8s %12s %13s %15s %13s %14s %13s %8s %14s %12s %11s %8s\n", "policy", "budget",
            "phase", "passes", "tokens", "serial tok/s", "overlap tok/s", "compute ms/pass", "stall ms/pass",
@@ -825,6 +830,7 @@ struct sim_options {
     unsigned long cpu_cores;
     const char *load;                        /* direct|page-cache; NULL = page-cache */
     double map_cpu_s_per_gb, evict_cpu_s_per_gb; /* direct loading's CPU per GB placed and evicted */
+    double direct_read_cpu_s_per_gb;             /* direct loading's CPU per GB read with O_DIRECT */
 };
 
 static int parse_positive(const char *flag, const char *text, double *out) {
@@ -867,7 +873,8 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
                                              "--half-life", "--predictor", "--pilot-mass", "--pilot-half-life",
                                              "--warmup", "--prompt-compute-ms", "--prompt-disk-gbps",
                                              "--stream-prompts", "--overlap-layer", "--read-cpu-s-per-gb", "--drop-cpu-s-per-gb",
-                                             "--cpu-cores", "--load", "--map-cpu-s-per-gb", "--evict-cpu-s-per-gb"};
+                                             "--cpu-cores", "--load", "--map-cpu-s-per-gb", "--evict-cpu-s-per-gb",
+                                             "--direct-read-cpu-s-per-gb"};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
@@ -943,6 +950,9 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
             if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->map_cpu_s_per_gb) != 0) return 2;
         } else if (strcmp(arg, "--evict-cpu-s-per-gb") == 0) {
             if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->evict_cpu_s_per_gb) != 0) return 2;
+        } else if (strcmp(arg, "--direct-read-cpu-s-per-gb") == 0) {
+            if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->direct_read_cpu_s_per_gb) != 0)
+                return 2;
         } else if (strcmp(arg, "--read-cpu-s-per-gb") == 0) {
             if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->read_cpu_s_per_gb) != 0) return 2;
         } else if (strcmp(arg, "--drop-cpu-s-per-gb") == 0) {
@@ -1003,17 +1013,17 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
     }
     if ((options->have_prompt_compute_ms || options->warmup || options->prompt_disk_gbps > 0 ||
          options->read_cpu_s_per_gb > 0 || options->drop_cpu_s_per_gb > 0 || options->cpu_cores || options->load ||
-         options->map_cpu_s_per_gb > 0 || options->evict_cpu_s_per_gb > 0) &&
+         options->map_cpu_s_per_gb > 0 || options->evict_cpu_s_per_gb > 0 || options->direct_read_cpu_s_per_gb > 0) &&
         !options->have_disk_gbps) {
         fprintf(stderr, PROG ": --prompt-compute-ms, --prompt-disk-gbps, --warmup, --read-cpu-s-per-gb, "
-                        "--drop-cpu-s-per-gb, --cpu-cores, --load, --map-cpu-s-per-gb and --evict-cpu-s-per-gb "
-                        "time the replay: they need --disk-gbps and --compute-ms\n");
+                        "--drop-cpu-s-per-gb, --cpu-cores, --load, --map-cpu-s-per-gb, --evict-cpu-s-per-gb and "
+                        "--direct-read-cpu-s-per-gb time the replay: they need --disk-gbps and --compute-ms\n");
         return 2;
     }
-    if ((options->map_cpu_s_per_gb > 0 || options->evict_cpu_s_per_gb > 0) &&
+    if ((options->map_cpu_s_per_gb > 0 || options->evict_cpu_s_per_gb > 0 || options->direct_read_cpu_s_per_gb > 0) &&
         !(options->load && strcmp(options->load, "direct") == 0)) {
-        fprintf(stderr, PROG ": --map-cpu-s-per-gb and --evict-cpu-s-per-gb are direct loading's costs: "
-                        "they need --load direct\n");
+        fprintf(stderr, PROG ": --map-cpu-s-per-gb, --evict-cpu-s-per-gb and --direct-read-cpu-s-per-gb are direct "
+                        "loading's costs: they need --load direct\n");
         return 2;
     }
     return 0;
@@ -1247,6 +1257,7 @@ static struct guanaco_pipeline_config pipeline_config(const struct sim_options *
         .load_direct = options->load && strcmp(options->load, "direct") == 0,
         .map_cpu_seconds_per_byte = options->map_cpu_s_per_gb / 1e9,
         .evict_cpu_seconds_per_byte = options->evict_cpu_s_per_gb / 1e9,
+        .direct_read_cpu_seconds_per_byte = options->direct_read_cpu_s_per_gb / 1e9,
     };
 }
 
