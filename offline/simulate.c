@@ -469,7 +469,6 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
            go with the next call too. Direct copies are placed after their reads and evicted at once. */
         if (config->load_direct) {
             reads.map_seconds = stream ? 0 : (double)(n_missing * expert_bytes) * config->map_cpu_seconds_per_byte;
-
             reads.drop_serial_seconds =
                 (double)(victim_bytes + run.pending_evict_bytes) * config->evict_cpu_seconds_per_byte;
             run.pending_evict_bytes = 0;

@@ -137,9 +137,9 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  * dropping about 0.16); 0 leaves them out. What the model still leaves out:
  * the read-ahead throttle (src/read_ahead_throttle.c: decode read-ahead on
  * or off per epoch from live timings; the replay reads ahead whenever the
- * predictor is sure enough), the demand reads' own kernel CPU (it runs
- * while the layer waits, so it binds only when it exceeds the disk's time),
- * and compute under the engine being slower than warm compute for reasons
+ * predictor is sure enough), page-cache loading's demand reads' own kernel
+ * CPU (it runs while the layer waits, so it binds only when it exceeds the
+ * disk's time; direct loading's is charged, above), and compute under the engine being slower than warm compute for reasons
  * other than reads (the hook's graph split per MoE layer, 4 KiB mappings
  * against the warm page cache's large folios).
  */
