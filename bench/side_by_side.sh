@@ -241,6 +241,10 @@ run() {
     # The page cache of the model: filled for the warm in-RAM reference, dropped for every other run, and
     # checked either way before the run starts. A warm ram run cannot leak into a limited run after it:
     # that run drops the cache again and is refused unless it starts cold.
+    local no_repack=-nr
+    if [ "$REPACK" = 1 ] && { [ "$V_KIND" = ram ] || [ "$V_KIND" = guanaco ]; }; then
+        no_repack=""
+    fi
     local cached
     if [ "$V_KIND" = ram ]; then
         # Up to three passes: one read leaves the pages on the inactive list, and with the model near the
@@ -260,8 +264,8 @@ run() {
         # next ones (48-layer Q4_0, evicted and read twice, then three llama-bench -p 0 -n 16 runs, two cycles:
         # 7.41 then 9.20 and 9.27 tok/s; 8.38 then 9.83 and 10.05; Dec 6, bench/PIPELINE.md), and the reference
         # is the steady state a user's second run sees.
-        GUANACO_LOG=0 "$BIN/llama-bench" -m "$MODEL" -p 0 -n 4 -r 1 -t "$THREADS" \
-            $([ "$REPACK" = 1 ] || echo -nr) -o csv >/dev/null 2>&1 || true
+        GUANACO_LOG=0 "$BIN/llama-bench" -m "$MODEL" -p 0 -n 4 -r 1 -t "$THREADS" ${no_repack:+"$no_repack"} -o csv \
+            >/dev/null 2>&1 || true
         cached=$(model_cached)
     else
         "$BIN/evict_file" "$MODEL" >/dev/null
@@ -275,10 +279,6 @@ run() {
     cached_pct=$(awk -v c="$cached" -v s="$SIZE" 'BEGIN { printf "%.1f", 100 * c / s }')
     local wrap=(bash "$ROOT/tests/cgroup_run.sh" "$limit" --)
     local rc=0
-    local no_repack=-nr
-    if [ "$REPACK" = 1 ] && { [ "$V_KIND" = ram ] || [ "$V_KIND" = guanaco ]; }; then
-        no_repack=""
-    fi
     # How much of the model the warm reference maps in 2 MiB pages (its peak FilePmdMapped): two warm runs of the
     # same decode differed 1.47x with 16 and 0.28 GB so mapped (bench/PIPELINE.md). Sampled
     # every 3 s and in the ram runs only: reading smaps_rollup walks the page tables, tens of ms for 16 GB.

@@ -177,6 +177,13 @@ void guanaco_pipeline_layer_time(const struct guanaco_layer_reads *reads, double
     out->hidden_bytes = used * (1 - undone);
 }
 
+/* The compute time reading `bytes` takes from the cores compute runs on: their kernel CPU in the load's way (4 KiB
+   folios, or O_DIRECT into copies) spread over the cores. */
+static double read_cpu_seconds(const struct guanaco_pipeline_config *config, uint64_t bytes) {
+    double per_byte = config->load_direct ? config->direct_read_cpu_seconds_per_byte : config->read_cpu_seconds_per_byte;
+    return (double)bytes * per_byte / (config->cpu_cores ? config->cpu_cores : 1);
+}
+
 /* Read-ahead started for one layer, waiting for that layer's request. */
 struct pipeline_ahead {
     bool active;
@@ -294,10 +301,7 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
                                          .bytes = wanted * expert_bytes};
     run->ahead.streamed = streamed;
     if (!streamed) {
-        uint32_t cores = run->config->cpu_cores ? run->config->cpu_cores : 1;
-        double per_byte = run->config->load_direct ? run->config->direct_read_cpu_seconds_per_byte
-                                                   : run->config->read_cpu_seconds_per_byte;
-        run->ahead.kernel_seconds = (double)run->ahead.bytes * per_byte / cores;
+        run->ahead.kernel_seconds = read_cpu_seconds(run->config, run->ahead.bytes);
     }
     return err;
 }
@@ -507,8 +511,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
                 double read_seconds = (double)reads.demand_bytes / rate;
                 double window = reads.compute_seconds * (double)(n - n_missing) / (double)n;
                 double share = window < read_seconds ? window / read_seconds : 1.0;
-                reads.kernel_seconds += (double)reads.demand_bytes * config->direct_read_cpu_seconds_per_byte * share /
-                                        (config->cpu_cores ? config->cpu_cores : 1);
+                reads.kernel_seconds += read_cpu_seconds(config, reads.demand_bytes) * share;
             }
             guanaco_pipeline_layer_time(&reads, rate, &time);
             add_time(phase, &reads, &time);
