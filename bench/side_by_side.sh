@@ -263,9 +263,10 @@ run() {
         # One untimed decode first: the first process to map the model after it was read decoded slower than the
         # next ones (48-layer Q4_0, evicted and read twice, then three llama-bench -p 0 -n 16 runs, two cycles:
         # 7.41 then 9.20 and 9.27 tok/s; 8.38 then 9.83 and 10.05; Dec 6, bench/PIPELINE.md), and the reference
-        # is the steady state a user's second run sees.
+        # is the steady state a user's second run sees. It replays the run's routing too, so that it touches the
+        # experts the timed run will (llama-bench's own routing uses few of them).
         GUANACO_LOG=0 "$BIN/llama-bench" -m "$MODEL" -p 0 -n 4 -r 1 -t "$THREADS" ${no_repack:+"$no_repack"} -o csv \
-            >/dev/null 2>&1 || true
+            ${REPLAY:+--guanaco-trace-replay "$REPLAY"} >/dev/null 2>&1 || true
         cached=$(model_cached)
     else
         "$BIN/evict_file" "$MODEL" >/dev/null
