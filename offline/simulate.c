@@ -346,8 +346,14 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
         !(config->prompt_bytes_per_second >= 0) || !(config->token_seconds >= 0) ||
         !(config->prompt_token_seconds >= 0) || !(config->read_cpu_seconds_per_byte >= 0) ||
         !(config->drop_cpu_seconds_per_byte >= 0) || !(config->map_cpu_seconds_per_byte >= 0) ||
-        !(config->evict_cpu_seconds_per_byte >= 0) || !(config->direct_read_cpu_seconds_per_byte >= 0)) {
+        !(config->evict_cpu_seconds_per_byte >= 0) || !(config->direct_read_cpu_seconds_per_byte >= 0) ||
+        !(config->first_touch_seconds_per_byte >= 0)) {
         return -EINVAL;
+    }
+    for (uint32_t l = 0; config->small_page_share && l < trace->n_layer; l++) {
+        if (!(config->small_page_share[l] >= 0 && config->small_page_share[l] <= 1)) {
+            return -EINVAL;
+        }
     }
     struct pipeline_run run = {.trace = trace, .rows = rows, .config = config, .budget = policy_config->budget_bytes};
     struct guanaco_policy_config geometry = *policy_config;
@@ -512,6 +518,12 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
                 double window = reads.compute_seconds * (double)(n - n_missing) / (double)n;
                 double share = window < read_seconds ? window / read_seconds : 1.0;
                 reads.kernel_seconds += read_cpu_seconds(config, reads.demand_bytes) * share;
+            }
+            if (!config->load_direct) {
+                /* compute's first read of each page this call's reads and the read-ahead it used mapped */
+                double share = config->small_page_share ? config->small_page_share[layer] : 1.0;
+                reads.kernel_seconds += (double)(reads.demand_bytes + reads.ahead_used_bytes) * share *
+                                        config->first_touch_seconds_per_byte;
             }
             guanaco_pipeline_layer_time(&reads, rate, &time);
             add_time(phase, &reads, &time);

@@ -80,7 +80,9 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  *                                                          last MoE layer's own victims, dropped at once
  *   compute = its share of the compute + kernel          kernel: CPU time of the read-ahead issued at the
  *                                                          previous layer in 4 KiB folios, taken from the
- *                                                          cores compute runs on (read CPU / cores)
+ *                                                          cores compute runs on (read CPU / cores), and
+ *                                                          the first touches of pages page-cache loading
+ *                                                          mapped (below)
  *   map     = direct loading only: CPU time of placing the layer's loaded copies, after their reads
  *   stall  += map
  *   overlapped time = stall + compute
@@ -131,6 +133,16 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  * already in memory compute, min(1, that compute / the reads' time), to
  * compute over the cores; the rest runs while the layer waits and the cores
  * are free.
+ *
+ * Page-cache loading maps what it reads into the model's mapping, and a VM
+ * whose hypervisor keeps shadow page tables fills an entry at the first read
+ * of every newly mapped 4 KiB page: time no fault the guest counts, spent on
+ * the computing thread (about 1.1-1.7 us a page here, and two threads took
+ * as long as one: guanaco-page-table-bench, bench/SIMULATOR.md). first_touch
+ * charges it to compute, whole, for every byte the layer uses from this
+ * call's reads or the read-ahead, in the share small_page_share gives: a
+ * slice's 2 MiB-aligned middle is read in huge folios and mapped whole.
+ * Direct loading's slots never change page tables, so it is not charged.
  *
  * The CPU costs are per byte in 4 KiB folios, measured with /proc/stat
  * (bench/PIPELINE.md: WILLNEED + MADV_POPULATE_READ about 0.28 CPU-s per GB,
@@ -197,6 +209,11 @@ struct guanaco_pipeline_config {
     double evict_cpu_seconds_per_byte;     /* direct: CPU to evict a byte (the file mapped back over it); 0 = free */
     double direct_read_cpu_seconds_per_byte; /* direct: CPU an O_DIRECT read costs per byte (submission, interrupt,
                                                 completion), taken from compute over cpu_cores; 0 = free */
+    double first_touch_seconds_per_byte;   /* page-cache loading: the computing threads' first read of a loaded byte
+                                              in a 4 KiB page (a hypervisor filling its shadow page table; wall time,
+                                              two threads took as long as one); 0 = free */
+    const double *small_page_share;        /* n_layer: the share of an expert's bytes page-cache loading maps in
+                                              4 KiB pages, outside its slices' 2 MiB-aligned middles; NULL = all */
     double token_seconds;                  /* compute of one decode token (a pass of one token), >= 0 */
     double prompt_token_seconds;           /* compute of one token of a pass of several tokens, >= 0 */
 };

@@ -68,8 +68,6 @@
 /* The same for a streamed layer's read-ahead: its runs are cut into 2 MiB-aligned pieces for the huge
    mapping, and only the pieces at a run's two ends go the 4 KiB way. */
 #define STREAM_SPAN_BYTES (32u << 20)
-/* The folio the huge mapping reads in: the PMD size of x86-64 and arm64 with 4 KiB pages. */
-#define HUGE_FOLIO_BYTES (2u << 20)
 /* stream_direct: the layer that computes and the one read ahead of it. */
 #define STREAM_BUFFERS 2
 /* VMAs left to the rest of the process when LOAD_DIRECT sizes its worst case against vm.max_map_count. */
@@ -377,12 +375,12 @@ static void *map_huge(int fd, uint64_t offset, uint64_t length) {
 /* Whether the kernel takes MADV_HUGEPAGE on a mapping of the model file (where --guanaco-huge-folios allows):
    a probe of one folio's range, which reads nothing. */
 static bool huge_mappings_work(const struct guanaco_residency *r, const struct guanaco_residency_config *config) {
-    if (!config->huge_folios || !r->n_shards || r->shards[0].size < (off_t)HUGE_FOLIO_BYTES) {
+    if (!config->huge_folios || !r->n_shards || r->shards[0].size < (off_t)GUANACO_HUGE_FOLIO_BYTES) {
         return false;
     }
-    void *probe = map_huge(r->shards[0].fd, 0, HUGE_FOLIO_BYTES);
+    void *probe = map_huge(r->shards[0].fd, 0, GUANACO_HUGE_FOLIO_BYTES);
     if (probe) {
-        munmap(probe, HUGE_FOLIO_BYTES);
+        munmap(probe, GUANACO_HUGE_FOLIO_BYTES);
     }
     return probe != NULL;
 }
@@ -392,8 +390,7 @@ static bool huge_mappings_work(const struct guanaco_residency *r, const struct g
    two ends always do. */
 static const char *map_huge_middle(const struct tensor *t, uint64_t a, uint64_t b, bool wanted, uint64_t *begin,
                                    uint64_t *end) {
-    *begin = (a + HUGE_FOLIO_BYTES - 1) / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
-    *end = b / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
+    guanaco_huge_middle(a, b, begin, end);
     const char *huge = wanted && *begin < *end ? map_huge(t->fd, *begin, *end - *begin) : NULL;
     if (!huge) {
         *begin = *end = b;
@@ -988,7 +985,7 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
             size_t streamed = 0;
             for (uint32_t k = 0; k < layer->n_tensors; k++) {
                 uint64_t span = r->tensors[layer->first_tensor + k].stride * stream_run_experts(r, l);
-                streamed += 2 * (HUGE_FOLIO_BYTES / GUANACO_IO_ADVISE_BYTES + 1) + span / GUANACO_IO_POPULATE_BYTES + 1;
+                streamed += 2 * (GUANACO_HUGE_FOLIO_BYTES / GUANACO_IO_ADVISE_BYTES + 1) + span / GUANACO_IO_POPULATE_BYTES + 1;
             }
             requests = streamed > requests ? streamed : requests;
         }
@@ -2522,7 +2519,7 @@ static int stream_direct_create(struct guanaco_residency *r, const struct guanac
         }
     }
     r->stream_direct = r->stream_direct_capable = r->stream_buffer_bytes > 0;
-    uint64_t each = (r->stream_buffer_bytes + HUGE_FOLIO_BYTES - 1) / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
+    uint64_t each = (r->stream_buffer_bytes + GUANACO_HUGE_FOLIO_BYTES - 1) / GUANACO_HUGE_FOLIO_BYTES * GUANACO_HUGE_FOLIO_BYTES;
     r->stats.stream_buffer_bytes = r->stream_direct ? STREAM_BUFFERS * each : 0;
     return 0;
 }
@@ -2534,8 +2531,8 @@ static bool stream_buffers_mapped(struct guanaco_residency *r, uint32_t protect_
     if (r->stream_memory || !r->stream_direct) {
         return r->stream_memory != NULL;
     }
-    uint64_t each = (r->stream_buffer_bytes + HUGE_FOLIO_BYTES - 1) / HUGE_FOLIO_BYTES * HUGE_FOLIO_BYTES;
-    uint64_t wanted = STREAM_BUFFERS * each, mapped = wanted + HUGE_FOLIO_BYTES;
+    uint64_t each = (r->stream_buffer_bytes + GUANACO_HUGE_FOLIO_BYTES - 1) / GUANACO_HUGE_FOLIO_BYTES * GUANACO_HUGE_FOLIO_BYTES;
+    uint64_t wanted = STREAM_BUFFERS * each, mapped = wanted + GUANACO_HUGE_FOLIO_BYTES;
     char *at = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (at == MAP_FAILED) {
         guanaco_log_error("residency: no memory for the stream buffers (%.2f GiB): %s; prompts stream through the "
@@ -2545,7 +2542,7 @@ static bool stream_buffers_mapped(struct guanaco_residency *r, uint32_t protect_
         r->stats.stream_buffer_bytes = 0; /* the engine's line says what was chosen from this */
         return false;
     }
-    char *aligned = at + (HUGE_FOLIO_BYTES - (uintptr_t)at % HUGE_FOLIO_BYTES) % HUGE_FOLIO_BYTES;
+    char *aligned = at + (GUANACO_HUGE_FOLIO_BYTES - (uintptr_t)at % GUANACO_HUGE_FOLIO_BYTES) % GUANACO_HUGE_FOLIO_BYTES;
     if (aligned > at) {
         munmap(at, (size_t)(aligned - at));
     }

@@ -76,6 +76,16 @@
 #define GUANACO_RESIDENCY_DEFAULT_QUEUE_DEPTH 16u
 /* An expert loaded again within this many tokens of its eviction counts as churn. */
 #define GUANACO_RESIDENCY_CHURN_TOKENS 16u
+/* The folio page-cache loading reads a slice's middle in: the PMD size of x86-64 and arm64 with 4 KiB pages. */
+#define GUANACO_HUGE_FOLIO_BYTES (2u << 20)
+
+/* The whole huge folios inside file bytes [a, b): [*begin, *end), empty (begin >= end) where there are none.
+   Page-cache loading reads them through a huge mapping and the rest of [a, b) in 4 KiB pages; the simulator
+   charges the 4 KiB part's first touches from the same rule. */
+static inline void guanaco_huge_middle(uint64_t a, uint64_t b, uint64_t *begin, uint64_t *end) {
+    *begin = (a + GUANACO_HUGE_FOLIO_BYTES - 1) / GUANACO_HUGE_FOLIO_BYTES * GUANACO_HUGE_FOLIO_BYTES;
+    *end = b / GUANACO_HUGE_FOLIO_BYTES * GUANACO_HUGE_FOLIO_BYTES;
+}
 
 /*
  * How a missing expert becomes resident.

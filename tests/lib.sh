@@ -28,11 +28,12 @@ tiny_qwen3moe() {
     "$MKMODEL" --arch qwen3moe --n-layer 4 --n-embd 64 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --quant Q8_0 \
         -o "$1" >"$1.log" 2>&1
 }
-# write_trace OUT < SPEC: a routing trace of tiny_qwen3moe's shape in the engine's recorded format (docs/TRACE.md),
-# SPEC lines "sequence token layer id id" in file order, so a prompt ubatch keeps its rows together.
+# write_trace OUT [N_LAYER N_EXPERT] < SPEC: a routing trace in the engine's recorded format (docs/TRACE.md), of
+# tiny_qwen3moe's shape (4 layers, 8 experts) unless given, top-2; SPEC lines "sequence token layer id id" in file
+# order, so a prompt ubatch keeps its rows together.
 write_trace() {
     perl -e 'open(my $out, ">", $ARGV[0]) or die; binmode $out;
-        print $out pack("a8 V V V V a32 a64", "GNCTRACE", 1, 4, 8, 2, "qwen3moe", "guanaco test");
+        print $out pack("a8 V V V V a32 a64", "GNCTRACE", 1, $ARGV[1], $ARGV[2], 2, "qwen3moe", "guanaco test");
         while (<STDIN>) { my ($s, $t, $l, $a, $b) = split; print $out pack("V V V v v f< f<", $t, $s, $l, $a, $b, 0, 0) }
-        close($out) or die' "$1"
+        close($out) or die' "$1" "${2:-4}" "${3:-8}"
 }

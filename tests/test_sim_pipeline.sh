@@ -194,6 +194,33 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
         check "--direct-read-cpu-s-per-gb $per_gb at $compute ms a token: a call's reads charged while its hit computes" \
             $? "got '$got', want '$want $want'; $pout"
     done
+    # Page-cache loading's first touches (--first-touch-cpu-s-per-gb), whole and not over the cores: two threads
+    # took as long as one. The same trace at 200 ms a token, page-cache loading: per layer 50 ms of compute and the
+    # miss's 50 ms read, 400 ms a token; 3829.66 s per GB is 50 ms per E (the tiny model's slices hold no 2 MiB-aligned
+    # middle, so all of E counts), per layer 100 + 50, 600 ms a token, with 1 core or 2 (over 2: 500 ms).
+    for case in "0 1 2.50" "3829.66 1 1.67" "3829.66 2 1.67"; do
+        read -r per_gb cores want <<<"$case"
+        pout=$("$SIM" --trace "$W/half.trace" --model "$W/tiny.gguf" --budgets 3e --policies lru --disk-gbps 0.00026112 \
+            --warmup 1 --overlap-layer off --compute-ms 200 --cpu-cores "$cores" --load page-cache \
+            --first-touch-cpu-s-per-gb "$per_gb" 2>&1)
+        got=$(echo "$pout" | awk '$1 == "lru" && $3 == "decode" { print $6, $7 }')
+        [ "$got" = "$want $want" ]
+        check "--first-touch-cpu-s-per-gb $per_gb on $cores core(s): page-cache loading's first touches, whole" \
+            $? "got '$got', want '$want $want'; $pout"
+    done
+    echo "$pout" | grep -q "middles: 100.0% of the expert bytes"
+    check "slices without a 2 MiB-aligned middle: all of their bytes are charged" $? "$pout"
+    # Slices of 4.25 MiB (Q8_0, 1024 x 4096) always hold one or two aligned 2 MiB folios, so 0.25-2.25 MiB of each
+    # goes in 4 KiB pages: 5.9-52.9% of the bytes, whatever the header's length puts them at.
+    if "$MKMODEL" --arch qwen3moe --quant Q8_0 --n-layer 1 --n-embd 1024 --n-ff-exp 4096 --n-expert 4 --seed 5 \
+        -o "$W/big-slices.gguf" >/dev/null 2>&1; then
+        awk 'BEGIN { for (t = 0; t < 3; t++) print 0, t, 0, t % 4, (t + 1) % 4 }' | write_trace "$W/big.trace" 1 4
+        pout=$("$SIM" --trace "$W/big.trace" --model "$W/big-slices.gguf" --budgets 1e --policies lru --disk-gbps 1 \
+            --compute-ms 1 --first-touch-cpu-s-per-gb 0.3 2>&1)
+        share=$(echo "$pout" | sed -n 's/.*middles: \([0-9.]*\)% of the expert bytes.*/\1/p')
+        awk -v s="$share" 'BEGIN { exit !(s != "" && s >= 5.8 && s <= 53) }'
+        check "4.25 MiB slices: only their ends are charged ($share% of the bytes)" $? "$pout"
+    fi
     for bad in "--warmup 1" "--prompt-compute-ms 5" "--disk-gbps 1 --compute-ms 1 --warmup -1" \
         "--disk-gbps 1 --compute-ms 1 --prompt-compute-ms x" "--prompt-disk-gbps 1" \
         "--disk-gbps 1 --compute-ms 1 --prompt-disk-gbps 0" "--disk-gbps 1 --compute-ms 1 --stream-prompts maybe" \
@@ -204,7 +231,9 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
         "--disk-gbps 1 --compute-ms 1 --load page-cache --evict-cpu-s-per-gb 1" \
         "--disk-gbps 1 --compute-ms 1 --load direct --evict-cpu-s-per-gb -1" \
         "--disk-gbps 1 --compute-ms 1 --direct-read-cpu-s-per-gb 1" \
-        "--disk-gbps 1 --compute-ms 1 --load direct --direct-read-cpu-s-per-gb -1"; do
+        "--disk-gbps 1 --compute-ms 1 --load direct --direct-read-cpu-s-per-gb -1" \
+        "--first-touch-cpu-s-per-gb 1" "--disk-gbps 1 --compute-ms 1 --first-touch-cpu-s-per-gb -1" \
+        "--disk-gbps 1 --compute-ms 1 --load direct --first-touch-cpu-s-per-gb 1"; do
         refused=$("$SIM" --trace "$W/prompt.trace" --model "$W/tiny.gguf" --budgets 4e $bad 2>&1)
         [ $? -eq 2 ]
         check "refused: $bad" $? "$refused"

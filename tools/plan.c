@@ -828,6 +828,7 @@ int main(int argc, char **argv) {
 done:
     replay_requests_free(&requests);
     free(geometry.expert_bytes);
+    free(geometry.small_page_share);
     if (have_manifest) guanaco_manifest_free(&manifest);
     free(options.models);
     free(options.traces);

@@ -9,6 +9,7 @@
 #define GUANACO_TOOLS_REPLAY_INPUT_H
 
 #include "manifest.h"
+#include "residency.h"
 #include "simulate.h"
 #include "trace.h"
 
@@ -25,6 +26,9 @@ struct replay_geometry {
     char description[200];
     uint32_t n_layer, n_expert, top_k;
     uint64_t *expert_bytes;      /* n_layer entries; 0 = a layer without experts */
+    double *small_page_share;    /* n_layer: the share of its experts' bytes outside their slices' 2 MiB-aligned
+                                    middles, which page-cache loading maps in 4 KiB pages; NULL for a named
+                                    shape (no file offsets: all of it) */
     uint32_t n_moe_layers;
     uint64_t total_expert_bytes; /* every expert of every layer: 100% */
     uint64_t one_per_layer_bytes;/* one expert of each MoE layer: the unit of "Ne" budgets */
@@ -55,9 +59,27 @@ static inline int replay_geometry_from_manifest(const char *program, const struc
     if (!out->expert_bytes) {
         return -ENOMEM;
     }
-    /* One expert of a layer is its slice of each of the layer's expert tensors (gate, up, down, ...). */
+    out->small_page_share = calloc(out->n_layer, sizeof(*out->small_page_share));
+    if (!out->small_page_share) {
+        free(out->expert_bytes);
+        out->expert_bytes = NULL;
+        return -ENOMEM;
+    }
+    /* One expert of a layer is its slice of each of the layer's expert tensors (gate, up, down, ...). A slice's
+       2 MiB-aligned middle is what the engine reads in huge folios (src/residency.c, map_huge_middle); the rest, all
+       of a slice that has no such middle, goes in 4 KiB pages. */
     for (size_t i = 0; i < manifest->n_tensors; i++) {
-        out->expert_bytes[manifest->tensors[i].layer] += manifest->tensors[i].expert_stride;
+        const struct guanaco_expert_tensor *t = &manifest->tensors[i];
+        out->expert_bytes[t->layer] += t->expert_stride;
+        for (int e = 0; e < manifest->n_expert; e++) {
+            uint64_t a = t->file_offset + (uint64_t)e * t->expert_stride, begin, end;
+            guanaco_huge_middle(a, a + t->expert_stride, &begin, &end);
+            out->small_page_share[t->layer] += (double)(t->expert_stride - (begin < end ? end - begin : 0));
+        }
+    }
+    for (uint32_t l = 0; l < out->n_layer; l++) {
+        out->small_page_share[l] =
+            out->expert_bytes[l] ? out->small_page_share[l] / ((double)out->expert_bytes[l] * out->n_expert) : 1.0;
     }
     const char *base = strrchr(path, '/');
     snprintf(out->description, sizeof(out->description), "%s (%s)", base ? base + 1 : path, manifest->arch);

@@ -65,7 +65,7 @@ static void print_usage(FILE *out) {
             "                   [--overlap-layer on|off]\n"
             "                   [--read-cpu-s-per-gb X] [--drop-cpu-s-per-gb X] [--cpu-cores N]\n"
             "                   [--load direct|page-cache [--map-cpu-s-per-gb X] [--evict-cpu-s-per-gb X]\n"
-            "                    [--direct-read-cpu-s-per-gb X]]\n"
+            "                    [--direct-read-cpu-s-per-gb X]] [--first-touch-cpu-s-per-gb X]\n"
             "\n"
             "  --trace FILE        a routing trace (docs/TRACE.md); several are replayed back to back\n"
             "  --shape NAME        expert sizes of a named model: mixtral-8x7b (32 layers, 8 experts, top-2)\n"
@@ -118,6 +118,11 @@ static void print_usage(FILE *out) {
             "  --direct-read-cpu-s-per-gb X  with --load direct: CPU seconds one GB of O_DIRECT reads costs\n"
             "                      (submission, interrupt, completion), taken from compute over --cpu-cores;\n"
             "                      default 0\n"
+            "  --first-touch-cpu-s-per-gb X  with page-cache loading: seconds compute takes for its first read\n"
+            "                      of one GB of pages the engine mapped in 4 KiB pages (a hypervisor filling\n"
+            "                      its shadow page tables: guanaco-page-table-bench's populated first touch,\n"
+            "                      ns per page / 4096), whole, not over the cores. With --model, only the\n"
+            "                      bytes outside the slices' 2 MiB-aligned middles; default 0\n"
             "  --threads N         replays run at once (default: the online CPUs)\n"
             "  --predictor KIND    also replay the traces through an expert predictor (%s) as the engine\n"
             "                      calls it, and report its recall, set size and precision\n"
@@ -621,8 +626,21 @@ static void print_pipeline_row(const struct sim_row *row) {
     }
 }
 
-static void print_pipeline_header(const struct guanaco_pipeline_config *config, uint32_t n_moe_layers,
-                                   unsigned long warmup, bool ubatches) {
+/* The share of all expert bytes that page-cache loading maps in 4 KiB pages. */
+static double small_page_share_of(const struct replay_geometry *geometry) {
+    if (!geometry->small_page_share) {
+        return 1.0;
+    }
+    double small = 0;
+    for (uint32_t l = 0; l < geometry->n_layer; l++) {
+        small += geometry->small_page_share[l] * (double)geometry->expert_bytes[l] * geometry->n_expert;
+    }
+    return small / (double)geometry->total_expert_bytes;
+}
+
+static void print_pipeline_header(const struct guanaco_pipeline_config *config, const struct replay_geometry *geometry,
+                                  unsigned long warmup, bool ubatches) {
+    uint32_t n_moe_layers = geometry->n_moe_layers;
     printf("\npipeline: reads overlapped with compute, per MoE layer time = compute + the reads it still waits for "
            "(offline/simulate.h);\n");
     if (config->predictor == GUANACO_PREDICTOR_NONE) {
@@ -649,6 +667,11 @@ static void print_pipeline_header(const struct guanaco_pipeline_config *config, 
                "evicted at once at %.3g CPU-s per GB; the reads cost %.3g CPU-s per GB of compute's cores\n",
                config->map_cpu_seconds_per_byte * 1e9, config->evict_cpu_seconds_per_byte * 1e9,
                config->direct_read_cpu_seconds_per_byte * 1e9);
+    } else if (config->first_touch_seconds_per_byte > 0) {
+        printf("          page-cache loading: compute's first read of the pages it mapped costs %.3g s per GB, for the "
+               "bytes outside the slices' 2 MiB-aligned middles: %.1f%% of the expert bytes%s\n",
+               config->first_touch_seconds_per_byte * 1e9, 100 * small_page_share_of(geometry),
+               geometry->small_page_share ? "" : " (a named shape: no file offsets, all of them)");
     }
     printf("%-10s %8s %-7s %7s %8s %12s %13s %15s %13s %14s %13s %8s %14s %12s %11s %8s\n", "policy", "budget",
            "phase", "passes", "tokens", "serial tok/s", "overlap tok/s", "compute ms/pass", "stall ms/pass",
@@ -831,6 +854,7 @@ struct sim_options {
     const char *load;                        /* direct|page-cache; NULL = page-cache */
     double map_cpu_s_per_gb, evict_cpu_s_per_gb; /* direct loading's CPU per GB placed and evicted */
     double direct_read_cpu_s_per_gb;             /* direct loading's CPU per GB read with O_DIRECT */
+    double first_touch_cpu_s_per_gb;             /* page-cache loading: compute's first read of its 4 KiB pages */
 };
 
 static int parse_positive(const char *flag, const char *text, double *out) {
@@ -874,7 +898,7 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
                                              "--warmup", "--prompt-compute-ms", "--prompt-disk-gbps",
                                              "--stream-prompts", "--overlap-layer", "--read-cpu-s-per-gb", "--drop-cpu-s-per-gb",
                                              "--cpu-cores", "--load", "--map-cpu-s-per-gb", "--evict-cpu-s-per-gb",
-                                             "--direct-read-cpu-s-per-gb"};
+                                             "--direct-read-cpu-s-per-gb", "--first-touch-cpu-s-per-gb"};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
@@ -953,6 +977,9 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
         } else if (strcmp(arg, "--direct-read-cpu-s-per-gb") == 0) {
             if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->direct_read_cpu_s_per_gb) != 0)
                 return 2;
+        } else if (strcmp(arg, "--first-touch-cpu-s-per-gb") == 0) {
+            if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->first_touch_cpu_s_per_gb) != 0)
+                return 2;
         } else if (strcmp(arg, "--read-cpu-s-per-gb") == 0) {
             if (guanaco_cli_parse_real(PROG, arg, value, 0, INFINITY, false, &options->read_cpu_s_per_gb) != 0) return 2;
         } else if (strcmp(arg, "--drop-cpu-s-per-gb") == 0) {
@@ -1013,17 +1040,24 @@ static int parse_options(int argc, char **argv, struct sim_options *options) {
     }
     if ((options->have_prompt_compute_ms || options->warmup || options->prompt_disk_gbps > 0 ||
          options->read_cpu_s_per_gb > 0 || options->drop_cpu_s_per_gb > 0 || options->cpu_cores || options->load ||
-         options->map_cpu_s_per_gb > 0 || options->evict_cpu_s_per_gb > 0 || options->direct_read_cpu_s_per_gb > 0) &&
+         options->map_cpu_s_per_gb > 0 || options->evict_cpu_s_per_gb > 0 || options->direct_read_cpu_s_per_gb > 0 ||
+         options->first_touch_cpu_s_per_gb > 0) &&
         !options->have_disk_gbps) {
         fprintf(stderr, PROG ": --prompt-compute-ms, --prompt-disk-gbps, --warmup, --read-cpu-s-per-gb, "
                         "--drop-cpu-s-per-gb, --cpu-cores, --load, --map-cpu-s-per-gb, --evict-cpu-s-per-gb and "
-                        "--direct-read-cpu-s-per-gb time the replay: they need --disk-gbps and --compute-ms\n");
+                        "--direct-read-cpu-s-per-gb and --first-touch-cpu-s-per-gb time the replay: they need --disk-gbps and "
+                        "--compute-ms\n");
         return 2;
     }
     if ((options->map_cpu_s_per_gb > 0 || options->evict_cpu_s_per_gb > 0 || options->direct_read_cpu_s_per_gb > 0) &&
         !(options->load && strcmp(options->load, "direct") == 0)) {
         fprintf(stderr, PROG ": --map-cpu-s-per-gb, --evict-cpu-s-per-gb and --direct-read-cpu-s-per-gb are direct "
                         "loading's costs: they need --load direct\n");
+        return 2;
+    }
+    if (options->first_touch_cpu_s_per_gb > 0 && options->load && strcmp(options->load, "direct") == 0) {
+        fprintf(stderr, PROG ": --first-touch-cpu-s-per-gb is page-cache loading's cost; direct loading's slots never "
+                        "change page tables\n");
         return 2;
     }
     return 0;
@@ -1074,6 +1108,7 @@ struct sim_setup {
 
 static void setup_free(struct sim_setup *setup) {
     free(setup->geometry.expert_bytes);
+    free(setup->geometry.small_page_share);
     free(setup->budgets);
 }
 
@@ -1258,6 +1293,8 @@ static struct guanaco_pipeline_config pipeline_config(const struct sim_options *
         .map_cpu_seconds_per_byte = options->map_cpu_s_per_gb / 1e9,
         .evict_cpu_seconds_per_byte = options->evict_cpu_s_per_gb / 1e9,
         .direct_read_cpu_seconds_per_byte = options->direct_read_cpu_s_per_gb / 1e9,
+        .first_touch_seconds_per_byte = options->first_touch_cpu_s_per_gb / 1e9,
+        .small_page_share = setup->geometry.small_page_share,
     };
 }
 
@@ -1360,7 +1397,7 @@ static void print_results(const struct sim_options *options, const struct sim_se
 static void print_pipeline(const struct sim_options *options, const struct sim_setup *setup,
                            const struct sim_replays *replays, const struct guanaco_pipeline_config *pipeline,
                            uint64_t n_tokens) {
-    print_pipeline_header(pipeline, setup->geometry.n_moe_layers, options->warmup, options->ubatches);
+    print_pipeline_header(pipeline, &setup->geometry, options->warmup, options->ubatches);
     for (size_t b = 0; b < setup->n_budgets; b++) {
         const struct sim_job *row = &replays->jobs[b * replays->per_budget];
         for (size_t i = 0; i < setup->n_kinds; i++) {
