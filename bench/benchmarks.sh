@@ -112,11 +112,13 @@ if [ "${1:-}" != --assemble ]; then
         --title "Qwen3-30B-A3B shape, Q4_0, llama-bench's routing"
     # Every Qwen table has its own warm ram run, alternating with its Guanaco runs, and takes its warm compute
     # from it: on this VM the same model's warm decode varied 89-157 ms per token between tables of one
-    # benchmark run (bench/SIMULATOR.md), so a reference borrowed from another table misjudges this one.
+    # benchmark run (bench/SIMULATOR.md), so a reference borrowed from another table misjudges this one. The
+    # simulator's compute comes from a run of Guanaco with every expert resident in the same table (--resident;
+    # qwen3-random has it among its budgets): the warm ram run swung 1.2x against it within one table.
     table qwen3-variants && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 --tokens "$TOKENS" \
         --prompt 32 --reps "$REPS" \
         --variants "ram plain lazy guanaco:layer-lru:direct:io_uring guanaco:layer-lru:page-cache:io_uring guanaco:layer-lru:direct:threads guanaco:lru guanaco:lfu guanaco:guanaco" \
-        --out "$DIR/qwen3-variants" --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25% budget: every variant"
+        --resident --out "$DIR/qwen3-variants" --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25% budget: every variant"
     # the two ways of making experts resident, alternating
     table mixtral-load-ab && mixtral_table --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets 25 \
         --variants "guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens 8 --prompt 0 --reps "$REPS" \
@@ -124,12 +126,12 @@ if [ "${1:-}" != --assemble ]; then
         --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing, 25%: direct against page-cache loading"
     table qwen3-load-ab && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
         --variants "ram guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens "$TOKENS" --prompt 0 --reps "$REPS" \
-        --out "$DIR/qwen3-load-ab" \
+        --resident --out "$DIR/qwen3-load-ab" \
         --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: direct against page-cache loading"
     # prefetch off against on (GUANACO_PREFETCH; pilot is the engine's default), alternating
     table qwen3-prefetch-ab && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
         --variants "ram guanaco+prefetch=none guanaco+prefetch=pilot" --tokens "$TOKENS" --prompt 32 --reps "$REPS" \
-        --out "$DIR/qwen3-prefetch-ab" \
+        --resident --out "$DIR/qwen3-prefetch-ab" \
         --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: prefetch none against pilot"
     table mixtral-prefetch-ab && mixtral_table --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets 25 \
         --variants "guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 8 --prompt 0 --reps "$REPS" \

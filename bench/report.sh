@@ -66,6 +66,11 @@ DROP_CPU_S_PER_GB=0.16
 # (docs/bench/direct-read-cpu-dec6.sh, bench/SIMULATOR.md). Direct loading's io thread spends it while the layer's
 # ready experts compute on the same 2 cores.
 DIRECT_READ_CPU_S_PER_GB=0.16
+# Seconds per GB compute takes for its first read of pages that page-cache loading mapped in 4 KiB pages: this VM's
+# hypervisor fills a shadow page-table entry for each, with no fault the guest counts, and two threads took as long
+# as one (guanaco-page-table-bench's "page cache, populated" rows, bench/SIMULATOR.md). Direct loading's slots
+# never change page tables.
+FIRST_TOUCH_CPU_S_PER_GB=${FIRST_TOUCH_CPU_S_PER_GB:-0.29}
 # shellcheck disable=SC2034 # --expert-bytes is accepted from side_by_side.sh; the tables do not need it
 while [ $# -gt 0 ]; do
     case $1 in
@@ -81,6 +86,10 @@ done
 # median and range of one column for one (budget, variant), over the runs that exited 0: "median min max n".
 # COLUMN may be the derived outside_ms (1000 / tg_ts - stall_ms_per_token, per run). FILTER "warm" keeps only
 # runs that started with >= WARM_PCT% of the model cached (none, in a runs.csv without cached_pct).
+ran() { # ran BUDGET VARIANT: whether the table ran that cell at all (side_by_side's --resident runs one budget-100
+    # cell beside the table's budgets)
+    awk -F, -v b="$1" -v v="$2" 'NR > 1 && $1 == b && $2 == v { found = 1; exit } END { exit !found }' "$RUNS"
+}
 stat_of() { # stat_of BUDGET VARIANT COLUMN [warm]
     awk -F, -v b="$1" -v v="$2" -v col="$3" -v filter="${4:-}" -v warm="$WARM_PCT" '
         NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
@@ -196,6 +205,7 @@ simulate_cell() { # simulate_cell BUDGET VARIANT DECODE_GBPS PROMPT_GBPS PROMPT_
     [ "$load" = direct ] && [ "$map" != - ] && args+=(--map-cpu-s-per-gb "$map")
     [ "$load" = direct ] && [ "$evict" != - ] && args+=(--evict-cpu-s-per-gb "$evict")
     [ "$load" = direct ] && args+=(--direct-read-cpu-s-per-gb "$DIRECT_READ_CPU_S_PER_GB")
+    [ "$load" = direct ] || args+=(--first-touch-cpu-s-per-gb "$FIRST_TOUCH_CPU_S_PER_GB")
     [ "$predictor" != none ] && args+=(--predictor "$predictor")
     [ "$pgbps" != - ] && args+=(--prompt-disk-gbps "$pgbps")
     [ -n "$pms" ] && args+=(--prompt-compute-ms "$pms")
@@ -241,13 +251,14 @@ fi
 # nothing read while decoding), its time outside the stall is compute under the engine measured directly, in the
 # same run: the replay takes that and adds its own stall. Otherwise warm in-RAM compute stands in for it. That
 # cell reads nothing, so it is not one of the cells the replay is judged on.
-SIM_COMPUTE_MS=$COMPUTE_MS SIM_COMPUTE_SOURCE="warm in-RAM compute, as above"
+SIM_COMPUTE_MS=$COMPUTE_MS SIM_COMPUTE_SOURCE="warm in-RAM compute, as above" RESIDENT_REFERENCE=0
 read -r resident_out _ _ resident_n <<<"$(stat_of 100 guanaco outside_ms)"
 read -r resident_miss _ <<<"$(stat_of 100 guanaco miss_bytes_per_token)"
 if [ "$resident_n" != 0 ] && [ "$resident_miss" != - ] &&
     awk -v m="$resident_miss" 'BEGIN { exit !(m < 1048576) }'; then
     SIM_COMPUTE_MS=$(awk -v o="$resident_out" 'BEGIN { printf "%.1f", o }')
     SIM_COMPUTE_SOURCE="the 100% guanaco run's time outside the stall: every expert resident, nothing read"
+    RESIDENT_REFERENCE=1
 fi
 budgets=$(awk -F, 'NR > 1 && $2 != "ram" { print $1 }' "$RUNS" | sort -nu | tr '\n' ' ')
 variants=$(awk -F, 'NR > 1 && $2 != "ram" { if (!seen[$2]++) print $2 }' "$RUNS" | tr '\n' ' ')
@@ -256,12 +267,22 @@ model=$MODEL
 flags=""
 CORES=$(sed -n 's/^\([0-9][0-9]*\) CPUs.*/\1/p' <<<"$MACHINE")
 CORES=${CORES:-$(nproc)}
-PROMPT_MS=""
+PROMPT_MS="" PROMPT_MS_SOURCE="1000 / the warm ram runs' median prompt tok/s"
 [ "$ram_pn" != 0 ] && [ "${PROMPT:-0}" -gt 0 ] && PROMPT_MS=$(awk -v r="$ram_pp" 'BEGIN { printf "%.2f", 1000 / r }')
+# The same for a prompt token: the resident run's prompt time outside its stall, where it has one.
+if [ "$RESIDENT_REFERENCE" = 1 ] && [ "${PROMPT:-0}" -gt 0 ]; then
+    read -r resident_pp _ _ resident_ppn <<<"$(stat_of 100 guanaco pp_ts)"
+    read -r resident_pstall _ <<<"$(stat_of 100 guanaco prompt_stall_ms_per_token)"
+    if [ "$resident_ppn" != 0 ]; then
+        PROMPT_MS=$(awk -v r="$resident_pp" -v s="$resident_pstall" 'BEGIN { printf "%.2f", 1000 / r - (s == "-" ? 0 : s) }')
+        PROMPT_MS_SOURCE="the 100% guanaco run's prompt time outside its stall"
+    fi
+fi
 # guanaco-sim per Guanaco cell, once: SIM[b/v] = "decode prompt", RATES[b/v] = "decode_gbps prompt_gbps"
 declare -A SIM RATES
 for b in $budgets; do
     for v in $guanaco_variants; do
+        ran "$b" "$v" || continue
         RATES[$b/$v]=$(engine_rates "$b" "$v")
         read -r dg pg mapc evictc <<<"${RATES[$b/$v]}"
         # With --guanaco-overlap-layer on (page-cache loading) a call only issues its reads and the matmuls
@@ -314,6 +335,7 @@ done
     for b in $budgets; do
         read -r plain_tg _ <<<"$(stat_of "$b" plain tg_ts)"
         for v in $variants; do
+            ran "$b" "$v" || continue
             read -r tg tmin tmax n <<<"$(stat_of "$b" "$v" tg_ts)"
             [ "$n" = 0 ] && { echo "| $b% | $v | failed | | | | | | | | | | | | | | |"; continue; }
             read -r pp _ <<<"$(stat_of "$b" "$v" pp_ts)"
@@ -414,7 +436,7 @@ done
         echo "the measured prompt, all reps; the simulator's disk rates. direct map / evict: direct loading's mapping and"
         echo "eviction ms over the bytes loaded and evicted, in the measured decode's status lines (the simulator's rates)."
         echo "simulated prompt tok/s: the same replay's"
-        echo "measured prompt, with warm ram prompt compute ($([ -n "$PROMPT_MS" ] && echo "$PROMPT_MS ms per token" || echo "none here: not simulated"))."
+        echo "measured prompt, with $([ -n "$PROMPT_MS" ] && echo "$PROMPT_MS ms of compute per prompt token ($PROMPT_MS_SOURCE)" || echo "no prompt compute here: not simulated")."
         if [ -n "$flags" ]; then
             echo
             echo "**! Outside the stall exceeds warm in-RAM compute by more than $(awk -v f="$FLAG_RATIO" 'BEGIN { printf "%.0f", 100 * (f - 1) }')%:** $flags."

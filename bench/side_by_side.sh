@@ -9,7 +9,7 @@
 #
 #   bench/side_by_side.sh --model M.gguf [--replay TRACE] [--budgets "10 25 50 100"]
 #       [--variants "ram plain lazy guanaco"] [--reps N] [--tokens N] [--prompt N]
-#       [--margin-mib N] [--compute-ms X] [--threads N] [--repack] [--out DIR] [--title TEXT]
+#       [--margin-mib N] [--compute-ms X] [--threads N] [--repack] [--resident] [--out DIR] [--title TEXT]
 #       [--report-only]
 # --report-only writes the report of the runs already in --out again, with the same other arguments: it
 # runs nothing, takes fio from the run's samples, and reads the prompt columns from the logs again.
@@ -41,6 +41,11 @@
 #                    Settings come after the script's own GUANACO_STATUS_EVERY=1,
 #                    GUANACO_AUDIT=0 and GUANACO_TRACE_OUT, so they override them (the
 #                    miss, stall and prompt columns need STATUS_EVERY=1).
+# --resident adds, at the end of every rep, one run of the default guanaco at budget 100 (every expert resident,
+# nothing read while decoding): compute under the engine, measured in the same table. The simulator takes its time
+# outside the stall as its compute per token (report.sh) where the warm ram run, plain llama.cpp's page cache, on
+# this VM swung 1.2-1.75x between tables of one benchmark run while Guanaco's own compute held. It is not a judged
+# cell. A table with guanaco at budget 100 among its --budgets has that run already.
 # Every limited run (all but ram) starts from a dropped page cache, checked:
 # a warm ram run never leaks into the runs after it. Each rep runs ram, then
 # every budget x variant in the order given, so variants alternate across reps.
@@ -76,7 +81,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN="$ROOT/build/cmake/bin"
 
 MODEL="" REPLAY="" BUDGETS="10 25 50 100" VARIANTS="ram plain lazy guanaco" REPS=1 TOKENS=16 PROMPT=32
-MARGIN_MIB=1536 COMPUTE_MS="" OUT="" TITLE="" THREADS=$(nproc) REPACK=0
+MARGIN_MIB=1536 COMPUTE_MS="" OUT="" TITLE="" THREADS=$(nproc) REPACK=0 RESIDENT=0
 UBATCH=512     # llama-bench's default -ub, passed explicitly: the prompt's status lines come one per ubatch
 WARM_PCT=99    # the ram run must start with at least this much of the model cached
 COLD_PCT=1     # every other run with at most this much
@@ -97,6 +102,7 @@ while [ $# -gt 0 ]; do
     --title) TITLE=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --repack) REPACK=1; shift ;;
+    --resident) RESIDENT=1; shift ;;
     --report-only) REPORT_ONLY=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
@@ -348,6 +354,10 @@ want_ram=0
 if [ "$want_ram" = 1 ] && [ "$fits_in_ram" = 0 ]; then
     echo "side_by_side: ram skipped: the model + 1 GiB exceeds MemAvailable, so it cannot be held warm"
 fi
+if [ "$RESIDENT" = 1 ] && [ "$fits_in_ram" = 0 ]; then
+    echo "side_by_side: --resident skipped: every expert resident does not fit in MemAvailable"
+    RESIDENT=0
+fi
 if [ "${REPORT_ONLY:-0}" = 1 ]; then
     # the prompt columns again, from each run's log (this parse may have changed since the runs)
     {
@@ -391,6 +401,9 @@ else
                 run "$budget" "${limited[$(((i + rep - 1) % ${#limited[@]}))]}" "$rep"
             done
         done
+        if [ "$RESIDENT" = 1 ] && ! { [[ " $BUDGETS " == *" 100 "* ]] && [[ " ${limited[*]} " == *" guanaco "* ]]; }; then
+            run 100 guanaco "$rep" # last, after a limited run like the others: not the slower first run of a rep
+        fi
     done
     FIO_AFTER=$(measure_fio fio-after)
 fi

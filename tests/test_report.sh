@@ -80,6 +80,19 @@ check "the replay's compute is the resident run's time outside the stall" $? "$(
 resident_sim=$(sim_of)
 awk -v a="$resident_sim" -v b="$warm_sim" 'BEGIN { exit !(a + 0 > 0 && a + 0 < b + 0) }'
 check "with 199 ms of compute the replay decodes slower than with warm 100 ms" $? "$resident_sim against $warm_sim"
+# --resident adds that run as a budget-100 cell beside the table's budgets: the tables skip the cells it did not run
+# (no "failed" page-cache row at 100%), and a prompt's compute is its prompt time outside the stall, 1000 / 50 tok/s
+# - 2 ms = 18 ms per prompt token.
+! grep -q '^| 100% | guanaco::page-cache |' "$W/report.md"
+check "a cell the table did not run is left out, not reported failed" $? "$(grep '^| 100%' "$W/report.md")"
+cp "$W/runs-warm.csv" "$W/runs.csv"
+echo "100,guanaco,1,1000000000,5.0,50.0,0,1000,100.0,0,0,0,1.0,0,2.0,0,0.0,0," >>"$W/runs.csv"
+out=$(bash "$ROOT/bench/report.sh" --runs "$W/runs.csv" --out "$W" --fio-gbps 1 --tokens 2 --prompt 32 \
+    --title test --machine "2 CPUs (test)" --disk test --margin-mib 1536 --routing test --model "$W/tiny.gguf" 2>&1)
+check "report.sh runs with a resident run's prompt" $? "$out"
+grep -q "with 18.00 ms of compute per prompt token (the 100% guanaco run's prompt time outside its stall)" "$W/report.md"
+check "the replay's prompt compute is the resident run's prompt time outside its stall" $? \
+    "$(grep -m1 'per prompt token' "$W/report.md")"
 resident_row 2097152
 out=$(report_again)
 check "report.sh runs with a 100% guanaco run that read" $? "$out"
