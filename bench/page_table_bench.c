@@ -137,6 +137,29 @@ static int fail(const char *what) {
     return 1;
 }
 
+/* Drops the mapping's page-table entries, fills them again with MADV_POPULATE_READ as page-cache loading does, then
+   reads each page once with 1 or 2 threads and reports; 0, or 1 after a message. */
+static int populated_touch(char *mapping, uint64_t length, int threads) {
+    struct phase p = {.name = threads == 1 ? "page cache, populated, first touch"
+                                           : "page cache, populated, first touch, 2 threads"};
+    if (madvise(mapping, length, MADV_DONTNEED) != 0) {
+        return fail("madvise");
+    }
+    double start = now_ms();
+    if (madvise(mapping, length, MADV_POPULATE_READ) != 0) {
+        return fail("madvise(MADV_POPULATE_READ)");
+    }
+    p.syscall_ms = now_ms() - start;
+    long faults = minor_faults();
+    p.touch_ms = threads == 1 ? touch(mapping, length) : touch_two_threads(mapping, length);
+    p.touch_faults = minor_faults() - faults;
+    if (p.touch_ms < 0) {
+        return fail("pthread_create");
+    }
+    report(&p, length / PAGE);
+    return 0;
+}
+
 /* Reads every slice with O_DIRECT into its place in `at`, then reads each page once, reports and checks the
    bytes; 0, or 1 after a message. */
 static int read_in_place(struct phase *p, struct guanaco_io *io, int direct_fd, char *at, uint64_t slice,
@@ -237,35 +260,9 @@ int main(int argc, char **argv) {
 
         /* page-cache loading: the engine populates the mapping (MADV_POPULATE_READ) before compute reads it, so the
            guest's page tables are filled in the stall; what the first read still costs lands on compute */
-        struct phase populated = {.name = "page cache, populated, first touch"};
-        if (madvise(mapping, length, MADV_DONTNEED) != 0) {
-            return fail("madvise");
+        if (populated_touch(mapping, length, 1) != 0 || populated_touch(mapping, length, 2) != 0) {
+            return 1;
         }
-        double populate_start = now_ms();
-        if (madvise(mapping, length, MADV_POPULATE_READ) != 0) {
-            return fail("madvise(MADV_POPULATE_READ)");
-        }
-        populated.syscall_ms = now_ms() - populate_start;
-        faults = minor_faults();
-        populated.touch_ms = touch(mapping, length);
-        populated.touch_faults = minor_faults() - faults;
-        report(&populated, pages);
-        struct phase populated_two = {.name = "page cache, populated, first touch, 2 threads"};
-        if (madvise(mapping, length, MADV_DONTNEED) != 0) {
-            return fail("madvise");
-        }
-        populate_start = now_ms();
-        if (madvise(mapping, length, MADV_POPULATE_READ) != 0) {
-            return fail("madvise(MADV_POPULATE_READ)");
-        }
-        populated_two.syscall_ms = now_ms() - populate_start;
-        faults = minor_faults();
-        populated_two.touch_ms = touch_two_threads(mapping, length);
-        populated_two.touch_faults = minor_faults() - faults;
-        if (populated_two.touch_ms < 0) {
-            return fail("pthread_create");
-        }
-        report(&populated_two, pages);
 
         /* direct loading: read into a copy (fresh in round 1, then a spare), make it read-only, move it in */
         struct phase place = {.name = round == 1 ? "copy placed by mremap (fresh pages)" : "copy placed by mremap (a spare)"};

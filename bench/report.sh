@@ -68,9 +68,10 @@ DROP_CPU_S_PER_GB=0.16
 DIRECT_READ_CPU_S_PER_GB=0.16
 # Seconds per GB compute takes for its first read of pages that page-cache loading mapped in 4 KiB pages: this VM's
 # hypervisor fills a shadow page-table entry for each, with no fault the guest counts, and two threads took as long
-# as one (guanaco-page-table-bench's "page cache, populated" rows, bench/SIMULATOR.md). Direct loading's slots
-# never change page tables.
-FIRST_TOUCH_CPU_S_PER_GB=${FIRST_TOUCH_CPU_S_PER_GB:-0.29}
+# as one. guanaco-page-table-bench's "page cache, populated, first touch, 2 threads" row, 1632 KiB slices, 9 rounds
+# quiet: 949-1158 ns per page, median 1090 (docs/bench/page-table-bench-populated-dec6.txt, bench/SIMULATOR.md).
+# Direct loading's slots never change page tables.
+FIRST_TOUCH_CPU_S_PER_GB=${FIRST_TOUCH_CPU_S_PER_GB:-0.27}
 # shellcheck disable=SC2034 # --expert-bytes is accepted from side_by_side.sh; the tables do not need it
 while [ $# -gt 0 ]; do
     case $1 in

@@ -184,12 +184,16 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
     # half is charged, 25 ms, per layer 50 + 25 + 50; at 800 ms it computes 100 ms, all of it, 50 ms: 200 + 50 + 50.
     awk 'BEGIN { for (t = 0; t < 9; t++) for (l = 0; l < 4; l++) print 0, t, l, 2 * l, (2 * l + 1 + t % 7) % 8 }' |
         write_trace "$W/half.trace"
+    # half_decode ARGS...: the replay of half.trace at budget 3e, lru; sets pout (its report) and got (lru's decode
+    # tok/s, serial and overlapped)
+    half_decode() {
+        pout=$("$SIM" --trace "$W/half.trace" --model "$W/tiny.gguf" --budgets 3e --policies lru --disk-gbps 0.00026112 \
+            --warmup 1 --overlap-layer off "$@" 2>&1)
+        got=$(echo "$pout" | awk '$1 == "lru" && $3 == "decode" { print $6, $7 }')
+    }
     for case in "200 0 2.50" "200 7659.3 2.00" "800 0 1.00" "800 7659.3 0.83"; do
         read -r compute per_gb want <<<"$case"
-        pout=$("$SIM" --trace "$W/half.trace" --model "$W/tiny.gguf" --budgets 3e --policies lru --disk-gbps 0.00026112 \
-            --warmup 1 --overlap-layer off --compute-ms "$compute" --cpu-cores 2 --load direct \
-            --direct-read-cpu-s-per-gb "$per_gb" 2>&1)
-        got=$(echo "$pout" | awk '$1 == "lru" && $3 == "decode" { print $6, $7 }')
+        half_decode --compute-ms "$compute" --cpu-cores 2 --load direct --direct-read-cpu-s-per-gb "$per_gb"
         [ "$got" = "$want $want" ]
         check "--direct-read-cpu-s-per-gb $per_gb at $compute ms a token: a call's reads charged while its hit computes" \
             $? "got '$got', want '$want $want'; $pout"
@@ -200,10 +204,7 @@ if [ -n "${MKMODEL:-}" ] && [ -s "$W/tiny.gguf" ]; then
     # middle, so all of E counts), per layer 100 + 50, 600 ms a token, with 1 core or 2 (over 2: 500 ms).
     for case in "0 1 2.50" "3829.66 1 1.67" "3829.66 2 1.67"; do
         read -r per_gb cores want <<<"$case"
-        pout=$("$SIM" --trace "$W/half.trace" --model "$W/tiny.gguf" --budgets 3e --policies lru --disk-gbps 0.00026112 \
-            --warmup 1 --overlap-layer off --compute-ms 200 --cpu-cores "$cores" --load page-cache \
-            --first-touch-cpu-s-per-gb "$per_gb" 2>&1)
-        got=$(echo "$pout" | awk '$1 == "lru" && $3 == "decode" { print $6, $7 }')
+        half_decode --compute-ms 200 --cpu-cores "$cores" --load page-cache --first-touch-cpu-s-per-gb "$per_gb"
         [ "$got" = "$want $want" ]
         check "--first-touch-cpu-s-per-gb $per_gb on $cores core(s): page-cache loading's first touches, whole" \
             $? "got '$got', want '$want $want'; $pout"
