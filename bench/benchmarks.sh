@@ -6,8 +6,9 @@
 # reports into BENCHMARKS.md with the plots under docs/bench/, and the README's
 # summary table (bench/readme_table.sh) between its benchmarks markers.
 #
-#   bench/benchmarks.sh              everything (about 2 h 10 min on 2 cores and a 1 GB/s disk, models already written:
-#                                    112 min on Dec 3, and overhead.sh's 12 rounds since take about 20 min more)
+#   bench/benchmarks.sh              everything (on 2 cores and a 1-2 GB/s disk, models already written: 112 min on
+#                                    Dec 3 at 1-2 reps; at 3 reps about 3 h 30 min, from the tables' own times on Dec 6,
+#                                    not run end to end: qwen3-variants 27 min, qwen3-random with mixtral-replay 46)
 #   bench/benchmarks.sh --assemble   only rebuild BENCHMARKS.md and the README's table from the last runs' reports
 #   bench/benchmarks.sh --only "NAME..."   run only the named live tables (the run directories below: qwen3-24-pipeline,
 #                                    qwen3-24-own, mixtral-replay, qwen3-random, qwen3-variants, mixtral-load-ab,
