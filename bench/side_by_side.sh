@@ -358,6 +358,10 @@ if [ "$RESIDENT" = 1 ] && [ "$fits_in_ram" = 0 ]; then
     echo "side_by_side: --resident skipped: every expert resident does not fit in MemAvailable"
     RESIDENT=0
 fi
+# a table whose budgets and variants include guanaco at 100 already runs that cell
+if [[ " $BUDGETS " == *" 100 "* ]] && [[ " ${VARIANT_LIST[*]} " == *" guanaco "* ]]; then
+    RESIDENT=0
+fi
 if [ "${REPORT_ONLY:-0}" = 1 ]; then
     # the prompt columns again, from each run's log (this parse may have changed since the runs)
     {
@@ -401,7 +405,7 @@ else
                 run "$budget" "${limited[$(((i + rep - 1) % ${#limited[@]}))]}" "$rep"
             done
         done
-        if [ "$RESIDENT" = 1 ] && ! { [[ " $BUDGETS " == *" 100 "* ]] && [[ " ${limited[*]} " == *" guanaco "* ]]; }; then
+        if [ "$RESIDENT" = 1 ]; then
             run 100 guanaco "$rep" # last, after a limited run like the others: not the slower first run of a rep
         fi
     done

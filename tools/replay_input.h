@@ -66,7 +66,7 @@ static inline int replay_geometry_from_manifest(const char *program, const struc
         return -ENOMEM;
     }
     /* One expert of a layer is its slice of each of the layer's expert tensors (gate, up, down, ...). A slice's
-       2 MiB-aligned middle is what the engine reads in huge folios (src/residency.c, map_huge_middle); the rest, all
+       2 MiB-aligned middle is what the engine reads in huge folios (guanaco_huge_middle, src/residency.h); the rest, all
        of a slice that has no such middle, goes in 4 KiB pages. */
     for (size_t i = 0; i < manifest->n_tensors; i++) {
         const struct guanaco_expert_tensor *t = &manifest->tensors[i];
