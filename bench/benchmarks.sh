@@ -9,7 +9,8 @@
 #   bench/benchmarks.sh              everything (on 2 cores and a 1-2 GB/s disk, models already written: 112 min on
 #                                    Dec 3 at 1-2 reps; at 3 reps about 3 h 30 min, from the tables' own times on Dec 6,
 #                                    not run end to end: qwen3-variants 27 min, qwen3-random with mixtral-replay 46)
-#   bench/benchmarks.sh --assemble   only rebuild BENCHMARKS.md and the README's table from the last runs' reports
+#   bench/benchmarks.sh --assemble   only rebuild BENCHMARKS.md and the README's table from the last runs' reports,
+#                                    committed in docs/bench/tables (a clean checkout assembles without running)
 #   bench/benchmarks.sh --only "NAME..."   run only the named live tables (the run directories below: qwen3-24-pipeline,
 #                                    qwen3-24-own, mixtral-replay, qwen3-random, qwen3-variants, mixtral-load-ab,
 #                                    qwen3-load-ab, qwen3-prefetch-ab, mixtral-prefetch-ab, overhead, warm-start), then
@@ -25,7 +26,11 @@ REPS=${BENCH_REPS:-3} # issue 8 asks for medians of 3; the simulator missed most
 TOKENS=${BENCH_TOKENS:-16}
 SHARED=${SHARED_DIR:-$ROOT/../shared}
 export GUANACO_VOCAB_DIR="$ROOT/build/llama.cpp/models"
-mkdir -p "$DIR" "$ROOT/docs/bench"
+# What BENCHMARKS.md and the README's table are assembled from: every table's last report, committed, so that a
+# clean checkout assembles them and a run of a few tables (--only) replaces only those. $DIR keeps the models and
+# each run's raw files (logs, status lines), which are too large to commit.
+TABLES="$ROOT/docs/bench/tables"
+mkdir -p "$DIR" "$ROOT/docs/bench" "$TABLES"
 
 QWEN="$DIR/qwen3-30b-a3b-Q4_0.gguf"
 MIXTRAL="$DIR/mixtral-8x7b-Q4_0.gguf"
@@ -141,15 +146,30 @@ if [ "${1:-}" != --assemble ]; then
     table overhead && bash "$ROOT/bench/overhead.sh" --model "$QWEN" >"$DIR/overhead.txt"
     table warm-start && bash "$ROOT/bench/warm_start.sh" --model "$QWEN24" --ram 16G --reps 5 >"$DIR/warm-start.txt"
     true # the last table may be one --only left out
+
+    # ---- publish what this invocation measured into $TABLES ----
+    for file in sim-mixtral.txt sim-qwen3.txt qwen3-preset.stats; do cp "$DIR/$file" "$TABLES/$file"; done
+    for run in qwen3-24-pipeline qwen3-24-own mixtral-replay qwen3-random qwen3-variants mixtral-load-ab qwen3-load-ab \
+               qwen3-prefetch-ab mixtral-prefetch-ab; do
+        table "$run" || continue
+        mkdir -p "$TABLES/$run"
+        cp "$DIR/$run/report.md" "$DIR/$run/runs.csv" "$TABLES/$run/"
+        # a plot needs more than one budget
+        if [ -f "$DIR/$run/decode.png" ] && [ "$(cut -d, -f1 "$DIR/$run/runs.csv" | sort -u | wc -l)" -gt 2 ]; then
+            cp "$DIR/$run/decode.png" "$ROOT/docs/bench/$run.png"
+        else
+            rm -f "$ROOT/docs/bench/$run.png"
+        fi
+    done
+    for file in overhead.txt warm-start.txt; do table "${file%.txt}" && cp "$DIR/$file" "$TABLES/$file"; done
+    true
 fi
 
 # ---- assemble ----
-# The simulator's tables, the live tables, the overhead and the warm start come from the runs' files in $DIR: on a
-# machine without them, assembling would write those parts of BENCHMARKS.md and the README's table empty.
-for needed in sim-mixtral.txt sim-qwen3.txt qwen3-24-pipeline/report.md mixtral-replay/report.md; do
-    if [ ! -f "$DIR/$needed" ]; then
-        echo "benchmarks: $DIR/$needed is missing: the last end-to-end run's files are not on this machine;" \
-            "BENCHMARKS.md and README.md left as they are (set BENCH_DIR, or run bench/benchmarks.sh in full)" >&2
+# Only from $TABLES: the committed reports of each table's last run.
+for needed in sim-mixtral.txt sim-qwen3.txt qwen3-preset.stats qwen3-24-pipeline/report.md mixtral-replay/report.md; do
+    if [ ! -f "$TABLES/$needed" ]; then
+        echo "benchmarks: $TABLES/$needed is missing; BENCHMARKS.md and README.md left as they are" >&2
         exit 1
     fi
 done
@@ -171,7 +191,7 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     echo "### Recorded Mixtral routing (humaneval + gsm8k, 585 tokens)"
     echo
     echo '```'
-    [ -f "$DIR/sim-mixtral.txt" ] && grep -vE '^(loaded|traces|model|compulsory)' "$DIR/sim-mixtral.txt"
+    grep -vE '^(loaded|traces|model|compulsory)' "$TABLES/sim-mixtral.txt"
     echo '```'
     echo
     echo "![Mixtral miss ratio](docs/bench/sim-mixtral.png)"
@@ -179,9 +199,9 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     echo "### Qwen3-30B-A3B preset (guanaco-tracegen, 4 x 512 tokens)"
     echo
     echo '```'
-    [ -f "$DIR/qwen3-preset.stats" ] && cat "$DIR/qwen3-preset.stats"
+    cat "$TABLES/qwen3-preset.stats"
     echo
-    [ -f "$DIR/sim-qwen3.txt" ] && grep -vE '^(loaded|traces|model|compulsory)' "$DIR/sim-qwen3.txt"
+    grep -vE '^(loaded|traces|model|compulsory)' "$TABLES/sim-qwen3.txt"
     echo '```'
     echo
     echo "![Qwen3 miss ratio](docs/bench/sim-qwen3.png)"
@@ -190,11 +210,9 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     echo
     for run in qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab qwen3-prefetch-ab mixtral-prefetch-ab \
                qwen3-24-pipeline qwen3-24-own; do
-        if [ -f "$DIR/$run/report.md" ]; then
-            sed 's/^## /### /' "$DIR/$run/report.md"
-            # a plot needs more than one budget
-            if [ -f "$DIR/$run/decode.png" ] && [ "$(cut -d, -f1 "$DIR/$run/runs.csv" | sort -u | wc -l)" -gt 2 ]; then
-                cp "$DIR/$run/decode.png" "$ROOT/docs/bench/$run.png"
+        if [ -f "$TABLES/$run/report.md" ]; then
+            sed 's/^## /### /' "$TABLES/$run/report.md"
+            if [ -f "$ROOT/docs/bench/$run.png" ]; then
                 echo
                 echo "![$run](docs/bench/$run.png)"
             fi
@@ -206,25 +224,25 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     echo "Every Guanaco cell above with a simulated figure (\`bench/sim_accuracy.sh\`, from the reports' \"sim error\""
     echo "columns: (simulated - live) / live, rounded to whole percent; gate is not replayed and not counted)."
     echo
-    bash "$ROOT/bench/sim_accuracy.sh" "$DIR" qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab \
+    bash "$ROOT/bench/sim_accuracy.sh" "$TABLES" qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab \
         qwen3-prefetch-ab mixtral-prefetch-ab qwen3-24-pipeline qwen3-24-own
     echo
-    if [ -f "$DIR/overhead.txt" ]; then
+    if [ -f "$TABLES/overhead.txt" ]; then
         echo "## Everything resident: the cost of the engine when it reads nothing"
         echo
         echo "\`bench/overhead.sh\`: plain llama.cpp from a warm page cache against Guanaco with a 100% budget, after a"
         echo "512-token prompt has made the routed experts resident; llama-bench decode, alternating rounds."
         echo
         echo '```'
-        cat "$DIR/overhead.txt"
+        cat "$TABLES/overhead.txt"
         echo '```'
         echo
     fi
-    if [ -f "$DIR/warm-start.txt" ]; then
+    if [ -f "$TABLES/warm-start.txt" ]; then
         echo "## Warm start: time to first token with the model already in the page cache"
         echo
         echo '```'
-        cat "$DIR/warm-start.txt"
+        cat "$TABLES/warm-start.txt"
         echo '```'
         echo
     fi
@@ -233,4 +251,4 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
 echo "benchmarks: wrote $ROOT/BENCHMARKS.md"
 
 # The README's summary table, between its markers, from the same reports
-bash "$ROOT/bench/readme_table.sh" "$DIR" --into "$ROOT/README.md"
+bash "$ROOT/bench/readme_table.sh" "$TABLES" --into "$ROOT/README.md"

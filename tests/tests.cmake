@@ -74,6 +74,8 @@ set_property(TEST sim_pipeline APPEND PROPERTY ENVIRONMENT
 guanaco_script_test(report test_report.sh)
 # bench/readme_table.sh: the README's summary cells from the reports, spliced between its markers.
 guanaco_script_test(readme_table test_readme_table.sh)
+# bench/benchmarks.sh --assemble: BENCHMARKS.md and the README's table from the committed reports, byte for byte.
+guanaco_script_test(benchmarks_assemble test_benchmarks_assemble.sh)
 # bench/sim_accuracy.sh: the count of cells the simulator predicts within 15%, from the reports.
 guanaco_script_test(sim_accuracy test_sim_accuracy.sh)
 # The residency module alone: budgeted expert pages over a synthetic mapped file, mincore audit, faults.
