@@ -87,6 +87,8 @@ struct guanaco_options {
     double pilot_mass;     /* --guanaco-pilot-mass; 0 = the predictor's default */
     bool reference;        /* --guanaco-reference: plain llama.cpp computing as bare streaming does */
     enum guanaco_repack_mode repack; /* --guanaco-repack (expert_repack.h) */
+    /* --guanaco-repack-cache (repack_cache.h): on = required, auto = where a valid one exists, off = never */
+    enum guanaco_repack_mode repack_cache;
 };
 
 /*

@@ -12,6 +12,7 @@
 #include "imatrix.h"
 #include "log.h"
 #include "monotonic_clock.h"
+#include "repack_cache.h"
 
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
@@ -650,6 +651,77 @@ int guanaco_engine_finish_graph(struct guanaco_engine *engine) {
     return engine && engine->residency ? guanaco_residency_finish(engine->residency) : 0;
 }
 
+/*
+ * --guanaco-repack-cache: each shard's <shard>.guanaco-repack where it exists,
+ * matches the model and this CPU (repack_cache.h), and repacking is wanted.
+ * Fills shard_cache_fds and shard_cache_direct_fds (-1 where none); an error
+ * only with `on` and a shard that has no usable cache.
+ */
+static int open_repack_caches(struct guanaco_engine *engine, bool direct, bool everything_fits) {
+    const struct guanaco_manifest *m = &engine->manifest;
+    const struct guanaco_options *o = &engine->options;
+    engine->shard_cache_fds = malloc((size_t)m->n_shards * sizeof(int));
+    engine->shard_cache_direct_fds = malloc((size_t)m->n_shards * sizeof(int));
+    if (!engine->shard_cache_fds || !engine->shard_cache_direct_fds) {
+        free(engine->shard_cache_fds);
+        free(engine->shard_cache_direct_fds);
+        engine->shard_cache_fds = engine->shard_cache_direct_fds = NULL;
+        return -ENOMEM;
+    }
+    for (int s = 0; s < m->n_shards; s++) {
+        engine->shard_cache_fds[s] = engine->shard_cache_direct_fds[s] = -1;
+    }
+    if (!engine->repack || o->repack == GUANACO_REPACK_OFF || o->repack_cache == GUANACO_REPACK_OFF) {
+        return 0;
+    }
+    const struct ggml_tensor *const *tensors = (const struct ggml_tensor *const *)engine->expert_tensors;
+    for (int s = 0; s < m->n_shards; s++) {
+        struct guanaco_repack_cache_contents want;
+        guanaco_repack_cache_expect(m, tensors, engine->repack, s, &want);
+        if (want.n_tensors == 0) {
+            continue;
+        }
+        char path[GUANACO_PATH_BYTES + sizeof(GUANACO_REPACK_CACHE_SUFFIX)], why[512] = "";
+        int fd = -1, direct_fd = -1;
+        int err = guanaco_repack_cache_path(m->shard_paths[s], path, sizeof(path));
+        if (!err) {
+            err = guanaco_repack_cache_open(path, engine->shard_fds[s], &want, direct, &fd, &direct_fd, why,
+                                            sizeof(why));
+        }
+        if (!err) {
+            err = guanaco_repack_cache_verify(m, tensors, engine->repack, s, engine->shard_fds[s], fd, why,
+                                              sizeof(why));
+        }
+        if (err) {
+            if (fd >= 0) {
+                close(fd);
+            }
+            if (direct_fd >= 0) {
+                close(direct_fd);
+            }
+            if (o->repack_cache == GUANACO_REPACK_ON) {
+                guanaco_log_error("--guanaco-repack-cache on: %s: %s (guanaco-repack-cache %s writes it)", path, why,
+                                  m->shard_paths[s]);
+                return err;
+            }
+            if (err != -ENOENT) {
+                guanaco_log_info("repack cache %s not used: %s; guanaco-repack-cache %s writes it again", path, why,
+                                 m->shard_paths[s]);
+            } else if (o->repack == GUANACO_REPACK_AUTO && !everything_fits) {
+                guanaco_log_info("--guanaco-repack auto: experts stay in the file's layout under a budget, where "
+                                 "repacking each read costs more than it saves; a repack cache makes it free "
+                                 "(guanaco-repack-cache %s)", m->shard_paths[s]);
+            }
+            continue;
+        }
+        engine->shard_cache_fds[s] = fd;
+        engine->shard_cache_direct_fds[s] = direct_fd;
+        guanaco_log_info("repack cache: %s holds %u repacked expert tensors (%.2f GiB): read in that layout, never "
+                         "repacked", path, want.n_tensors, gib(want.bytes));
+    }
+    return 0;
+}
+
 static int start_residency(struct guanaco_engine *engine, char *const *mapping_base) {
     const struct guanaco_manifest *m = &engine->manifest;
     const struct guanaco_options *o = &engine->options;
@@ -726,6 +798,9 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     engine->stream_direct_told = -1;
     engine->stream_loan_told = 0;
     const bool everything_fits = budget >= m->expert_bytes && (!o->max_experts || o->max_experts >= (uint32_t)m->n_expert);
+    if ((err = open_repack_caches(engine, load == GUANACO_RESIDENCY_LOAD_DIRECT, everything_fits)) < 0) {
+        return err;
+    }
     /* Each layer's tensors in the order its matmuls run, so that --guanaco-overlap-layer reads them so */
     for (size_t step = 0; step < COMPUTE_RANKS * m->n_tensors; step++) {
         size_t i = step % m->n_tensors;
@@ -749,14 +824,21 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         /* auto: only when nothing is read after the preload. Under a budget a miss's repack sits in the stall:
            into fixed slots compute outside it is at warm default (8-layer at 25%: 1.04x Q4_0, 1.01x Q4_K against
            1.33x and 1.19x), prompts gain (1.22x, 1.07x), but decode loses (0.91x Q4_0, 0.72x Q4_K: the repack
-           costs 0.16 and 0.47 CPU-s per GB read; bench/COMPUTE_PARITY.md), so it is asked for (on) */
-        if (engine->repack && tensor && (o->repack == GUANACO_REPACK_ON || everything_fits)) {
+           costs 0.16 and 0.47 CPU-s per GB read; bench/COMPUTE_PARITY.md), so it is asked for (on), unless a
+           repack cache hands the experts over already repacked */
+        const int cache_fd = engine->shard_cache_fds[e->shard];
+        if (engine->repack && tensor && (o->repack == GUANACO_REPACK_ON || everything_fits || cache_fd >= 0)) {
             if ((err = guanaco_expert_repack_adopt(engine->repack, engine->expert_tensors[i], &r->arena)) < 0) {
                 return err;
             }
             r->transform = r->arena ? guanaco_expert_repack_transform : NULL;
             r->transform_context = r->arena ? engine->expert_tensors[i] : NULL;
             engine->repacked_tensors += r->arena != NULL;
+            if (r->arena && cache_fd >= 0) { /* the cache holds exactly the tensors adopt takes (repack_cache.h) */
+                r->file_in_arena_layout = true;
+                r->layout_fd = cache_fd;
+                r->layout_direct_fd = engine->shard_cache_direct_fds[e->shard];
+            }
         }
     }
     if (engine->repack && engine->repacked_tensors == 0) {
@@ -1368,6 +1450,16 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
         }
     }
     free(engine->shard_direct_fds);
+    for (int s = 0; engine->shard_cache_fds && s < engine->manifest.n_shards; s++) {
+        if (engine->shard_cache_fds[s] >= 0) {
+            close(engine->shard_cache_fds[s]);
+        }
+        if (engine->shard_cache_direct_fds[s] >= 0) {
+            close(engine->shard_cache_direct_fds[s]);
+        }
+    }
+    free(engine->shard_cache_fds);
+    free(engine->shard_cache_direct_fds);
     for (int layer = 0; engine->residency_tensors && layer < engine->manifest.n_layer; layer++) {
         free(engine->residency_tensors[layer]);
     }

@@ -43,6 +43,7 @@ struct guanaco_engine {
     struct guanaco_residency_tensor **residency_tensors; /* per layer, for the residency config */
     uint32_t *residency_tensors_in_layer;
     int *shard_direct_fds;                     /* --guanaco-load direct: O_DIRECT fds, else -1 */
+    int *shard_cache_fds, *shard_cache_direct_fds; /* --guanaco-repack-cache: each shard's cache, else -1 */
     int last_moe_layer;                        /* a token is done when it leaves this layer */
     int first_moe_layer;                       /* a prompt ubatch's progress starts here; -1 before the manifest */
     _Atomic uint64_t prompt_started_ns, prompt_started_bytes; /* the prompt ubatch now reading: its progress line */

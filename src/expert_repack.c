@@ -64,15 +64,41 @@ int guanaco_expert_repack_create(struct guanaco_expert_repack **out) {
     return 0;
 }
 
+/* ggml's own choice of repacked layout for this type, shape and CPU, as its buffer would make at load: *probe is
+   the tensor as adopted (its extra and buffer set, its data not), or false when it keeps the file's layout. */
+static bool probe_layout(const struct guanaco_expert_repack *repack, const struct ggml_tensor *tensor,
+                         struct ggml_tensor *probe) {
+    if (!repack || ggml_n_dims(tensor) != 3 || !ggml_is_contiguous(tensor) || tensor->ne[0] % 8 != 0) {
+        return false; /* ggml's repack needs whole interleave groups of rows; a bias or an odd shape stays as it is */
+    }
+    *probe = *tensor;
+    probe->extra = NULL;
+    if (ggml_backend_buffer_init_tensor(repack->buffer, probe) != GGML_STATUS_SUCCESS || !probe->extra) {
+        return false;
+    }
+    probe->buffer = repack->buffer;
+    return true;
+}
+
+bool guanaco_expert_repack_applies(const struct guanaco_expert_repack *repack, const struct ggml_tensor *tensor) {
+    struct ggml_tensor probe;
+    return probe_layout(repack, tensor, &probe);
+}
+
+int guanaco_expert_repack_layout(const struct guanaco_expert_repack *repack, const struct ggml_tensor *tensor,
+                                 uint32_t expert, const void *source, void *destination) {
+    struct ggml_tensor probe;
+    if (!probe_layout(repack, tensor, &probe)) {
+        return 0;
+    }
+    int err = guanaco_expert_repack_transform(&probe, expert, source, destination);
+    return err ? err : 1;
+}
+
 int guanaco_expert_repack_adopt(struct guanaco_expert_repack *repack, struct ggml_tensor *tensor, char **arena) {
     *arena = NULL;
-    if (!repack || ggml_n_dims(tensor) != 3 || !ggml_is_contiguous(tensor) || tensor->ne[0] % 8 != 0) {
-        return 0; /* ggml's repack needs whole interleave groups of rows; a bias or an odd shape stays as it is */
-    }
-    /* ggml's own choice of repacked layout for this type, shape and CPU, as its buffer would make at load */
-    struct ggml_tensor probe = *tensor;
-    probe.extra = NULL;
-    if (ggml_backend_buffer_init_tensor(repack->buffer, &probe) != GGML_STATUS_SUCCESS || !probe.extra) {
+    struct ggml_tensor probe;
+    if (!probe_layout(repack, tensor, &probe)) {
         return 0;
     }
     if (repack->n_arenas == repack->arena_capacity) {

@@ -26,6 +26,7 @@
 #ifndef GUANACO_EXPERT_REPACK_H
 #define GUANACO_EXPERT_REPACK_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct ggml_tensor;
@@ -53,6 +54,19 @@ int guanaco_expert_repack_adopt(struct guanaco_expert_repack *repack, struct ggm
  * range.
  */
 int guanaco_expert_repack_transform(void *tensor, uint32_t expert, const void *source, void *destination);
+
+/* Whether ggml repacks `tensor` on this CPU: what adopt would do, without adopting. */
+bool guanaco_expert_repack_applies(const struct guanaco_expert_repack *repack, const struct ggml_tensor *tensor);
+
+/*
+ * Expert `expert` of `tensor` (not adopted: only its type and shape count),
+ * the file's bytes at `source`, written in ggml's repacked layout to
+ * `destination`: what the engine would compute from. 1, 0 when the tensor
+ * keeps the file's layout here (nothing written), or -EINVAL. For the repack
+ * cache (repack_cache.h): its tool, and the engine's check of a cache.
+ */
+int guanaco_expert_repack_layout(const struct guanaco_expert_repack *repack, const struct ggml_tensor *tensor,
+                                 uint32_t expert, const void *source, void *destination);
 
 /* Unmaps every arena and frees the object; NULL is accepted. The tensors must not compute again. */
 void guanaco_expert_repack_destroy(struct guanaco_expert_repack *repack);

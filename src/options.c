@@ -40,7 +40,7 @@ static const char *const io_choices[] = {GUANACO_IO_BACKEND_NAMES(CHOICE) NULL};
 static const char *const prefetch_choices[] = {GUANACO_PREDICTOR_KIND_NAMES(CHOICE) NULL};
 /* Index = enum guanaco_load_mode (guanaco.h). */
 static const char *const load_choices[] = {"page-cache", "direct", "auto", NULL};
-/* Index = enum guanaco_repack_mode (guanaco.h). */
+/* Index = enum guanaco_repack_mode (guanaco.h), for --guanaco-repack and --guanaco-repack-cache. */
 static const char *const repack_choices[] = {"off", "on", "auto", NULL};
 /* OPTION_FRACTION values are kept in millionths. */
 #define FRACTION_SCALE 1000000.0
@@ -52,7 +52,7 @@ static const char *const repack_choices[] = {"off", "on", "auto", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_STREAM_PROMPTS, OPTION_HUGE_FOLIOS, OPTION_OVERLAP_LAYER, OPTION_FIXED_SLOTS, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_STREAM_DIRECT, OPTION_COUNT
+    OPTION_STREAM_PROMPTS, OPTION_HUGE_FOLIOS, OPTION_OVERLAP_LAYER, OPTION_FIXED_SLOTS, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_REPACK_CACHE, OPTION_STREAM_DIRECT, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -123,8 +123,14 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                        "with a budget, run resident experts on llama.cpp's repacked CPU kernels (Q4_0, Q4_K, IQ4_NL, "
                        "MXFP4 on x86), repacking each as it is read: on (the logits equal plain llama.cpp's default), "
                        "off (they equal --guanaco-reference; needed for several contexts at once), or auto: on when "
-                       "the budget holds every expert, else off, as repacking each miss costs more than it saves "
+                       "the budget holds every expert or a repack cache is read, else off, as repacking each miss "
+                       "costs more than it saves "
                        "(default: auto, measured; --no-repack turns it off)"},
+    [OPTION_REPACK_CACHE] = {"guanaco-repack-cache", "GUANACO_REPACK_CACHE", OPTION_CHOICE, repack_choices,
+                             "read repacked experts from <model>.guanaco-repack, written once by guanaco-repack-cache: "
+                             "no repack per read, so --guanaco-repack auto turns on under a budget too; auto uses it "
+                             "where it exists and matches the model and this CPU, on refuses to load without it, off "
+                             "never reads it (default: auto)"},
     [OPTION_STREAM_DIRECT] = {"guanaco-stream-direct", "GUANACO_STREAM_DIRECT", OPTION_BOOL, NULL,
                               "with direct loading into fixed slots: a prompt's streamed layers are read with O_DIRECT "
                               "into two layer-sized anonymous buffers, held while the prompt streams, instead of "
@@ -164,6 +170,7 @@ static int default_value(enum option_id id) {
     case OPTION_STREAM_DIRECT: return 1;
     case OPTION_STREAM_PROMPTS: return 1; /* 1024-token prompts 1.07-1.11x plain at 10-50%, 0.74-0.94x off (README) */
     case OPTION_REPACK: return GUANACO_REPACK_AUTO;
+    case OPTION_REPACK_CACHE: return GUANACO_REPACK_AUTO;
     case OPTION_PREFETCH_THROTTLE: return 1;
     case OPTION_POLICY: return GUANACO_POLICY_DEFAULT; /* policy_choices is indexed by the enum */
     case OPTION_IO: return GUANACO_IO_URING;
@@ -395,6 +402,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->pilot_mass = value[OPTION_PILOT_MASS] ? (double)number[OPTION_PILOT_MASS] / FRACTION_SCALE : 0.0;
     out->reference = value[OPTION_REFERENCE] != 0;
     out->repack = (enum guanaco_repack_mode)value[OPTION_REPACK];
+    out->repack_cache = (enum guanaco_repack_mode)value[OPTION_REPACK_CACHE];
     out->status_every = value[OPTION_STATUS_EVERY] ? (uint32_t)number[OPTION_STATUS_EVERY] : GUANACO_DEFAULT_STATUS_EVERY;
     guanaco_log_set_enabled(out->log);
     return err;

@@ -76,6 +76,8 @@
 struct tensor {
     int fd;
     int direct_fd; /* -1 unless LOAD_DIRECT */
+    /* where reads of the experts' bytes go: fd and direct_fd, or a repack cache's (file_in_arena_layout) */
+    int read_fd, read_direct_fd;
     uint32_t shard;
     uint32_t layer, index_in_layer;
     uint64_t begin;  /* file offset of expert 0 */
@@ -86,6 +88,7 @@ struct tensor {
     char *arena; /* NULL: computes from the mapping */
     int (*transform)(void *context, uint32_t expert, const void *source, void *destination);
     void *transform_context;
+    bool file_in_arena_layout; /* guanaco_residency_tensor's: its reads need no transform */
 };
 
 struct layer {
@@ -748,6 +751,13 @@ static int add_layer(struct guanaco_residency *r, const struct guanaco_residency
         own->arena = t->arena;
         own->transform = t->transform;
         own->transform_context = t->transform_context;
+        own->file_in_arena_layout = t->arena && t->file_in_arena_layout;
+        own->read_fd = own->file_in_arena_layout ? t->layout_fd : own->fd;
+        own->read_direct_fd = own->file_in_arena_layout && own->direct_fd >= 0 ? t->layout_direct_fd : own->direct_fd;
+        if (own->file_in_arena_layout && (own->read_fd < 0 || (own->direct_fd >= 0 && own->read_direct_fd < 0))) {
+            guanaco_log_error("residency: expert tensor %u of layer %u: a repack cache needs its descriptors", i, l);
+            return -EINVAL;
+        }
         if (t->arena && (!t->transform || (uintptr_t)t->arena % r->page)) {
             guanaco_log_error("residency: expert tensor %u of layer %u: an arena needs a transform and page alignment",
                               i, l);
@@ -1525,8 +1535,14 @@ static int populate(struct guanaco_residency *r, const char *start, uint64_t len
  */
 static int transform_slice(struct guanaco_residency *r, const struct tensor *t, uint32_t e) {
     uint64_t a = t->begin + (uint64_t)e * t->stride;
+    /* a repack cache's bytes are the arena's already: read straight into it */
+    char *into = t->file_in_arena_layout ? t->arena + (a - t->begin) : r->transform_source;
+    uint64_t first = page_down(r, a - t->begin), last = page_up(r, a - t->begin + t->stride);
+    if (t->file_in_arena_layout) {
+        (void)madvise(t->arena + first, last - first, MADV_POPULATE_WRITE); /* as below */
+    }
     for (uint64_t done = 0; done < t->stride;) {
-        ssize_t got = pread(t->fd, r->transform_source + done, t->stride - done, (off_t)(a + done));
+        ssize_t got = pread(t->read_fd, into + done, t->stride - done, (off_t)(a + done));
         if (got < 0 && errno == EINTR) {
             continue;
         }
@@ -1535,10 +1551,12 @@ static int transform_slice(struct guanaco_residency *r, const struct tensor *t, 
         }
         done += (uint64_t)got;
     }
+    if (t->file_in_arena_layout) {
+        return 0;
+    }
     uint64_t start = guanaco_now_ns();
     /* One call faults the slice's fresh pages in, where the transform's stores would take one fault per page:
        repacking 14.8 -> 11.9 ms per token for Q4_0 at a 25% budget (README, --guanaco-repack). */
-    uint64_t first = page_down(r, a - t->begin), last = page_up(r, a - t->begin + t->stride);
     (void)madvise(t->arena + first, last - first, MADV_POPULATE_WRITE); /* best effort: without it, faults */
     int err = t->transform(t->transform_context, e, r->transform_source, t->arena + (a - t->begin));
     r->stats.transform_ns += guanaco_now_ns() - start;
@@ -1558,6 +1576,9 @@ static int transform_slice(struct guanaco_residency *r, const struct tensor *t, 
  */
 static int transform_in_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char *slice,
                              struct slot_arrival *arrival) {
+    if (t->file_in_arena_layout) {
+        return 0; /* read from a repack cache: already in the layout it computes from */
+    }
     if (arrival && (arrival->repacked || arrival->error)) { /* done by the io thread as it landed */
         int err = arrival->error;
         r->stats.arrival_transform_ns += arrival->transform_ns;
@@ -1601,6 +1622,9 @@ static void drop_arena_file_pages(struct guanaco_residency *r, uint32_t layer) {
             uint64_t a = t->begin > ARENA_DROP_MARGIN_BYTES ? page_down(r, t->begin - ARENA_DROP_MARGIN_BYTES) : 0;
             uint64_t b = page_up(r, t->end + ARENA_DROP_MARGIN_BYTES);
             (void)posix_fadvise(t->fd, (off_t)a, (off_t)(b - a), POSIX_FADV_DONTNEED);
+            if (t->read_fd != t->fd) {
+                (void)posix_fadvise(t->read_fd, (off_t)a, (off_t)(b - a), POSIX_FADV_DONTNEED);
+            }
         }
     }
 }
@@ -1628,7 +1652,8 @@ static void add_slice_requests(struct guanaco_residency *r, size_t *n_requests, 
     for (uint64_t at = a; at < b; at += piece) {
         uint64_t length = b - at < piece ? b - at : piece;
         r->requests[*n_requests] = (struct guanaco_io_request){
-            .fd = t->fd, .offset = at, .length = length, .populate = huge ? huge + (at - a) : NULL};
+            .fd = t->read_fd, .offset = at, .length = length,
+            .populate = huge && !t->file_in_arena_layout ? huge + (at - a) : NULL}; /* huge maps fd */
         r->request_missing[(*n_requests)++] = (uint32_t)missing_index;
     }
 }
@@ -1690,7 +1715,7 @@ static long direct_chunks(const struct tensor *t, uint64_t from, uint64_t to, ch
     for (uint64_t at = from; at < to; at += GUANACO_RESIDENCY_CHUNK_BYTES) {
         uint64_t left = to - at;
         out[n++] = (struct guanaco_io_request){
-            .fd = t->direct_fd, .offset = at,
+            .fd = t->read_direct_fd, .offset = at,
             .length = left < GUANACO_RESIDENCY_CHUNK_BYTES ? left : GUANACO_RESIDENCY_CHUNK_BYTES,
             .destination = buffer + (at - from)};
     }
@@ -1712,7 +1737,7 @@ static long slot_requests(struct guanaco_residency *r, const struct tensor *t, u
     long n = direct_chunks(t, start, direct_end, slot, out);
     uint64_t tail = direct_end > a ? direct_end : a;
     if (tail < b) {
-        out[n++] = (struct guanaco_io_request){.fd = t->fd, .offset = tail, .length = b - tail,
+        out[n++] = (struct guanaco_io_request){.fd = t->read_fd, .offset = tail, .length = b - tail,
                                                .destination = slot + (tail - start)};
     }
     return n;
@@ -1983,7 +2008,7 @@ static void repack_arrived(struct guanaco_io_job *job, void *context) {
     for (uint32_t k = 0; k < l->n_tensors; k++) {
         const struct tensor *t = &r->tensors[l->first_tensor + k];
         size_t slot = i * r->max_tensors_in_layer + k;
-        if (!t->arena || !r->staging[slot]) {
+        if (!t->arena || !r->staging[slot] || t->file_in_arena_layout) {
             continue;
         }
         uint64_t a = t->begin + (uint64_t)e * t->stride, start = guanaco_now_ns();
@@ -2328,7 +2353,8 @@ static void add_run_requests(struct guanaco_residency *r, struct prefetch_run *r
         uint64_t length = b - at < piece ? b - at : piece;
         run->addresses[run->n_requests] = address_of(t, at);
         run->requests[run->n_requests++] = (struct guanaco_io_request){
-            .fd = t->fd, .offset = at, .length = length, .destination = NULL, .populate = huge ? huge + (at - a) : NULL};
+            .fd = t->read_fd, .offset = at, .length = length, .destination = NULL,
+            .populate = huge && !t->file_in_arena_layout ? huge + (at - a) : NULL}; /* huge maps fd */
     }
 }
 

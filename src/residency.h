@@ -159,6 +159,12 @@ struct guanaco_residency_tensor {   /* one expert tensor of one MoE layer */
     char *arena;
     int (*transform)(void *context, uint32_t expert, const void *source, void *destination);
     void *transform_context;
+    /* With an arena: a file that holds the arena's layout at the model's offsets (a repack cache,
+       repack_cache.h), opened as layout_fd and, for LOAD_DIRECT, layout_direct_fd. Every read of the tensor's
+       experts then comes from it and is used as it lands: transform never runs. fd stays the model's, for all
+       that maps the file (the edge pages of a slice hold its neighbours' bytes). */
+    bool file_in_arena_layout;
+    int layout_fd, layout_direct_fd;
 };
 
 struct guanaco_residency_config {

@@ -41,6 +41,10 @@
 #   engine  GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 GUANACO_REPACK=on: at most two experts per layer
 #           stay resident, so experts are evicted and read (and repacked) again all through the run
 #   engine == off    : the invariant users compare against, plain llama.cpp's default, for every type
+#   engine-cache      the same engine run reading its experts from a repack cache that
+#                     guanaco-repack-cache wrote (REPACK_CACHE_TOOL; GUANACO_REPACK_CACHE=on: a cache it
+#                     cannot use fails the run), never repacking: engine-cache == off, and its log must say
+#                     it read the cache wherever the tool wrote one
 #
 # Output: a matrix, one line per case "PASS|FAIL|SKIP arch quant (reason)", then the last line
 # "N passed, N failed, N skipped". Exit 1 if anything failed, 77 if everything was skipped.
@@ -62,7 +66,7 @@ if [ -z "${ARCHS:-}" ]; then
 fi
 [ "$ARCHS" = none ] && ARCHS=""  # CGROUP-only runs
 QUANTS=${QUANTS:-"F16 Q8_0 Q4_0 Q4_K MXFP4"}
-ASSERT=${ASSERT:-"on:off-ref on-nr:off-nr engine:off"}
+ASSERT=${ASSERT:-"on:off-ref on-nr:off-nr engine:off engine-cache:off"}
 DUMP_TIMEOUT=${DUMP_TIMEOUT:-600}
 # shellcheck disable=SC2206 # word-splitting of the flag list is intended
 LD_ARGS=(${LOGITS_DUMP_ARGS:-})
@@ -117,7 +121,9 @@ run_dump() {
     [ "$streaming" = 1 ] && envs=(env -u GUANACO_REFERENCE GUANACO_STREAMING=1)
     [ "$streaming" = ref ] && envs=(env -u GUANACO_STREAMING GUANACO_REFERENCE=1)
     [ "$streaming" = engine ] && envs=(env -u GUANACO_REFERENCE -u GUANACO_RAM GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2
-                                       GUANACO_REPACK=on)
+                                       GUANACO_REPACK=on GUANACO_REPACK_CACHE=off)
+    [ "$streaming" = engine-cache ] && envs=(env -u GUANACO_REFERENCE -u GUANACO_RAM GUANACO_STREAMING=1
+                                             GUANACO_MAX_EXPERTS=2 GUANACO_REPACK=on GUANACO_REPACK_CACHE=on)
     "${envs[@]}" timeout "$DUMP_TIMEOUT" "$LOGITS_DUMP" "$model" "$out" "${LD_ARGS[@]}" "$@" \
         > "$out.log" 2>&1
     local rc=$?
@@ -133,7 +139,7 @@ run_dump() {
 # compare_set PREFIX -> sets CMP_ASSERT_FAIL (text of failed assertions), CMP_NOTES
 compare_set() {
     local p=$1 pair a b notes="" fails=""
-    for pair in on:off-ref on-nr:off-nr engine:off on:off on:off-nr; do
+    for pair in on:off-ref on-nr:off-nr engine:off engine-cache:off on:off on:off-nr; do
         a=${pair%%:*}; b=${pair#*:}
         # the cgroup check has no on-nr run; skip pairs that were not produced
         if [ ! -e "$p.$a.bin" ] || [ ! -e "$p.$b.bin" ]; then continue; fi
@@ -142,7 +148,7 @@ compare_set() {
         # A dense model is passed through untouched: on must equal plain off.
         if [ -n "${CUR_DENSE:-}" ]; then
             asserted=0
-            case "$pair" in on:off|on-nr:off-nr|engine:off) asserted=1 ;; esac
+            case "$pair" in on:off|on-nr:off-nr|engine:off|engine-cache:off) asserted=1 ;; esac
         fi
         # x86 never repacks these types, so streaming must equal plain llama.cpp's default too.
         if [ "$pair" = on:off ]; then
@@ -193,6 +199,16 @@ for arch in $ARCHS; do
         [ $ok = 1 ] && { run_dump on     "$model" "$p.on.bin"     1              || ok=0; }
         [ $ok = 1 ] && { run_dump on-nr  "$model" "$p.on-nr.bin"  1 --no-repack || ok=0; }
         [ $ok = 1 ] && { run_dump engine "$model" "$p.engine.bin" engine        || ok=0; }
+        if [ $ok = 1 ] && [ -n "${REPACK_CACHE_TOOL:-}" ]; then
+            rm -f "$model.guanaco-repack"
+            if ! "$REPACK_CACHE_TOOL" "$model" > "$p.repack-cache.log" 2>&1; then
+                ok=0; LAST_ERR="guanaco-repack-cache failed: $(tail -1 "$p.repack-cache.log")"
+            fi
+            [ $ok = 1 ] && { run_dump engine-cache "$model" "$p.engine-cache.bin" engine-cache || ok=0; }
+            if [ $ok = 1 ] && [ -f "$model.guanaco-repack" ] && ! grep -q 'guanaco: repack cache: .* holds' "$p.engine-cache.bin.log"; then
+                ok=0; LAST_ERR="guanaco-repack-cache wrote $model.guanaco-repack but the engine did not read it: $(grep -m1 'repack' "$p.engine-cache.bin.log")"
+            fi
+        fi
         if [ $ok = 0 ]; then
             CELL["$arch $quant"]=FAIL
             record FAIL "$arch" "$quant" "$LAST_ERR"
@@ -212,7 +228,7 @@ for arch in $ARCHS; do
                 *)                CELL["$arch $quant"]=PASS ;;
             esac
             record PASS "$arch" "$quant" "$CMP_NOTES"
-            [ "${KEEP:-0}" = 1 ] || rm -f "$model" "$p".*.bin "$p".*.log
+            [ "${KEEP:-0}" = 1 ] || rm -f "$model" "$model.guanaco-repack" "$p".*.bin "$p".*.log
         fi
     done
 done

@@ -7,6 +7,7 @@ set(GUANACO_TEST_ENV
     "MKMODEL=$<TARGET_FILE:guanaco-mkmodel>"
     "LOGITS_DUMP=$<TARGET_FILE:logits_dump>"
     "EVICT_TOOL=$<TARGET_FILE:evict_file>"
+    "REPACK_CACHE_TOOL=$<TARGET_FILE:guanaco-repack-cache>"
     "VOCAB_DIR=${GUANACO_VOCAB_DIR}"
     "GUANACO_VOCAB_DIR=${GUANACO_VOCAB_DIR}"
     "LLAMA_BIN=${CMAKE_BINARY_DIR}/bin"
@@ -24,6 +25,8 @@ guanaco_script_test(bad_input test_bad_input.sh)
 set_property(TEST bad_input APPEND PROPERTY ENVIRONMENT "LLAMA_CLI=${CMAKE_BINARY_DIR}/bin/llama-completion")
 # The central invariant, across every architecture and quant type mkmodel writes.
 guanaco_script_test(bit_identical test_bit_identical.sh)
+# The repack cache: guanaco-repack-cache, a budgeted run reading it, and every cache the engine must refuse.
+guanaco_script_test(repack_cache test_repack_cache.sh)
 # The same invariant inside a cgroup memory limit smaller than the model, cold page cache.
 guanaco_script_test(bit_identical_cgroup test_bit_identical.sh)
 set_property(TEST bit_identical_cgroup APPEND PROPERTY ENVIRONMENT "CGROUP=1" "ARCHS=none")
