@@ -276,6 +276,8 @@ run() {
         cached=$(model_cached)
     else
         "$BIN/evict_file" "$MODEL" >/dev/null
+        # the model's repack cache (--guanaco-repack-cache) starts cold too
+        [ -f "$MODEL.guanaco-repack" ] && "$BIN/evict_file" "$MODEL.guanaco-repack" >/dev/null
         cached=$(model_cached)
         if [ $((cached * 100)) -gt $((SIZE * COLD_PCT)) ]; then
             echo "side_by_side: REFUSED: $name started with $cached bytes of the model cached (page cache not dropped)" >&2
