@@ -134,13 +134,15 @@ if [ "${1:-}" != --assemble ]; then
         --variants "ram guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens "$TOKENS" --prompt 0 --reps "$REPS" \
         --resident --out "$DIR/qwen3-load-ab" \
         --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: direct against page-cache loading"
-    # prefetch off against on (GUANACO_PREFETCH; pilot is the engine's default), alternating
+    # prefetch off against on (GUANACO_PREFETCH; pilot is the engine's default), alternating. With fixed slots decode
+    # reads no guesses, and a ubatch under GUANACO_PROMPT_MIN_TOKENS (33) counts as decode, so only a longer prompt
+    # tells the two apart: with 32-token prompts these tables compared identical runs (bench/PIPELINE.md, Dec 6).
     table qwen3-prefetch-ab && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
-        --variants "ram guanaco+prefetch=none guanaco+prefetch=pilot" --tokens "$TOKENS" --prompt 32 --reps "$REPS" \
+        --variants "ram guanaco+prefetch=none guanaco+prefetch=pilot" --tokens "$TOKENS" --prompt 256 --reps "$REPS" \
         --resident --out "$DIR/qwen3-prefetch-ab" \
         --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: prefetch none against pilot"
     table mixtral-prefetch-ab && mixtral_table --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets 25 \
-        --variants "guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 8 --prompt 0 --reps "$REPS" \
+        --variants "guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 8 --prompt 256 --reps "$REPS" \
         --out "$DIR/mixtral-prefetch-ab" \
         --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing, 25%: prefetch none against pilot"
     table overhead && bash "$ROOT/bench/overhead.sh" --model "$QWEN" >"$DIR/overhead.txt"
