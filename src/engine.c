@@ -651,6 +651,11 @@ int guanaco_engine_finish_graph(struct guanaco_engine *engine) {
     return engine && engine->residency ? guanaco_residency_finish(engine->residency) : 0;
 }
 
+/* Whether an expert tensor of `type` that ggml repacks and whose shard has a repack cache is read from it. */
+static bool cache_read_for(const struct guanaco_engine *engine, enum ggml_type type, bool everything_fits) {
+    return engine->options.repack == GUANACO_REPACK_ON || everything_fits || guanaco_repack_cache_pays(type);
+}
+
 /*
  * --guanaco-repack-cache: each shard's <shard>.guanaco-repack where it exists,
  * matches the model and this CPU (repack_cache.h), and repacking is wanted.
@@ -716,8 +721,19 @@ static int open_repack_caches(struct guanaco_engine *engine, bool direct, bool e
         }
         engine->shard_cache_fds[s] = fd;
         engine->shard_cache_direct_fds[s] = direct_fd;
-        guanaco_log_info("repack cache: %s holds %u repacked expert tensors (%.2f GiB): read in that layout, never "
-                         "repacked", path, want.n_tensors, gib(want.bytes));
+        uint32_t used = 0;
+        for (size_t i = 0; i < m->n_tensors; i++) {
+            used += m->tensors[i].shard == s && tensors[i] && guanaco_expert_repack_applies(engine->repack, tensors[i]) &&
+                    cache_read_for(engine, m->tensors[i].type, everything_fits);
+        }
+        if (used < want.n_tensors) {
+            guanaco_log_info("repack cache: --guanaco-repack auto keeps %u of its %u tensors in the file's layout under "
+                             "a budget: of a type measured slower repacked (MXFP4; bench/COMPUTE_PARITY.md); "
+                             "--guanaco-repack on reads them from the cache too", want.n_tensors - used,
+                             want.n_tensors);
+        }
+        guanaco_log_info("repack cache: %s holds %u repacked expert tensors (%.2f GiB): %u read in that layout, never "
+                         "repacked", path, want.n_tensors, gib(want.bytes), used);
     }
     return 0;
 }
@@ -827,7 +843,8 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
            costs 0.16 and 0.47 CPU-s per GB read; bench/COMPUTE_PARITY.md), so it is asked for (on), unless a
            repack cache hands the experts over already repacked */
         const int cache_fd = engine->shard_cache_fds[e->shard];
-        if (engine->repack && tensor && (o->repack == GUANACO_REPACK_ON || everything_fits || cache_fd >= 0)) {
+        if (engine->repack && tensor &&
+            (o->repack == GUANACO_REPACK_ON || everything_fits || (cache_fd >= 0 && guanaco_repack_cache_pays(e->type)))) {
             if ((err = guanaco_expert_repack_adopt(engine->repack, engine->expert_tensors[i], &r->arena)) < 0) {
                 return err;
             }

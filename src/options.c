@@ -128,7 +128,8 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                        "(default: auto, measured; --no-repack turns it off)"},
     [OPTION_REPACK_CACHE] = {"guanaco-repack-cache", "GUANACO_REPACK_CACHE", OPTION_CHOICE, repack_choices,
                              "read repacked experts from <model>.guanaco-repack, written once by guanaco-repack-cache: "
-                             "no repack per read, so --guanaco-repack auto turns on under a budget too; auto uses it "
+                             "no repack per read, so --guanaco-repack auto turns on under a budget too (Q4_0, Q4_K: "
+                             "measured); auto uses it "
                              "where it exists and matches the model and this CPU, on refuses to load without it, off "
                              "never reads it (default: auto)"},
     [OPTION_STREAM_DIRECT] = {"guanaco-stream-direct", "GUANACO_STREAM_DIRECT", OPTION_BOOL, NULL,

@@ -35,6 +35,10 @@ static uint64_t trailer_offset(uint64_t shard_size) {
     return (shard_size + TRAILER_ALIGN - 1) / TRAILER_ALIGN * TRAILER_ALIGN;
 }
 
+bool guanaco_repack_cache_pays(enum ggml_type type) {
+    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_K;
+}
+
 uint64_t guanaco_repack_cache_hash_name(uint64_t hash, const char *name) {
     for (const unsigned char *c = (const unsigned char *)name;; c++) {
         hash = (hash ^ *c) * 0x100000001b3ull;

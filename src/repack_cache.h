@@ -22,8 +22,11 @@
 #ifndef GUANACO_REPACK_CACHE_H
 #define GUANACO_REPACK_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ggml.h"
 
 struct ggml_tensor;
 struct guanaco_expert_repack;
@@ -38,6 +41,15 @@ struct guanaco_repack_cache_contents {
     uint64_t names_hash; /* guanaco_repack_cache_hash_name over them, from GUANACO_REPACK_CACHE_NAMES_SEED */
     uint64_t bytes;      /* their bytes */
 };
+
+/*
+ * Whether --guanaco-repack auto reads experts of this type from a cache
+ * under a budget: where repacked experts from a cache measured at least level
+ * with the file's layout (8-layer models at 25%, 5 reps, paired decode: Q4_0
+ * 1.03x, Q4_K 1.02x; MXFP4 0.96x with prompts 0.83x, so it stays in the
+ * file's layout; bench/COMPUTE_PARITY.md). --guanaco-repack on reads any.
+ */
+bool guanaco_repack_cache_pays(enum ggml_type type);
 
 /* The hash of the names so far, extended by `name` (its bytes and its NUL). */
 uint64_t guanaco_repack_cache_hash_name(uint64_t hash, const char *name);

@@ -43,6 +43,26 @@ check "it says it reads the cache, and repacked nothing as reads landed" $? "$(g
 cmp -s "$W/repacked.bin" "$W/cached.bin"
 check "the same logits as repacking each read" $? "the dumps differ"
 
+# --guanaco-repack auto (the default) under a budget reads Q4_0 from the cache, and keeps MXFP4, measured slower
+# repacked there, in the file's layout: the same logits as without the cache
+env -u GUANACO_RAM -u GUANACO_REPACK GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 timeout 300 "$LOGITS_DUMP" "$M" \
+    "$W/auto.bin" >"$W/auto.log" 2>&1
+line=$(grep -m1 "guanaco: repack cache: $C holds" "$W/auto.log")
+[[ $line =~ holds\ ([0-9]+)\ repacked.*:\ ([0-9]+)\ read ]] && [ "${BASH_REMATCH[1]}" -gt 0 ] &&
+    [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ] && cmp -s "$W/auto.bin" "$W/cached.bin"
+check "auto under a budget reads every Q4_0 tensor from the cache, with the repacked logits" $? "$line"
+X=$W/mxfp4.gguf
+"$MKMODEL" --arch gpt-oss --quant MXFP4 --seed 5 -o "$X" >"$W/mxfp4.mkmodel.log" 2>&1 && "$REPACK_CACHE_TOOL" "$X" >/dev/null 2>&1
+for mode in auto off; do
+    env -u GUANACO_RAM -u GUANACO_REPACK GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 GUANACO_REPACK_CACHE=$mode \
+        timeout 300 "$LOGITS_DUMP" "$X" "$W/mxfp4-$mode.bin" >"$W/mxfp4-$mode.log" 2>&1
+done
+if [ -f "$X.guanaco-repack" ]; then
+    grep -q "auto keeps \([0-9]*\) of its \1 tensors in the file's layout" "$W/mxfp4-auto.log" &&
+        cmp -s "$W/mxfp4-auto.bin" "$W/mxfp4-off.bin"
+    check "auto keeps MXFP4 in the file's layout with a cache there, and says so" $? "$(grep -m2 'repack cache' "$W/mxfp4-auto.log")"
+fi
+
 refused() { # refused NAME TEXT: `on` fails the load naming why; `auto` runs without the cache and says why
     run "$1-on" on
     local rc=$?

@@ -96,6 +96,7 @@ static int write_shard(const struct guanaco_manifest *m, const struct ggml_tenso
     char *file = malloc(largest), *repacked = malloc(largest);
     int err = file && repacked ? 0 : -ENOMEM;
     uint64_t written = 0;
+    const bool progress = isatty(STDERR_FILENO);
     for (size_t i = 0; !err && i < m->n_tensors; i++) {
         const struct guanaco_expert_tensor *t = &m->tensors[i];
         if (t->shard != s || !tensors[i] || !guanaco_expert_repack_applies(repack, tensors[i])) {
@@ -120,11 +121,13 @@ static int write_shard(const struct guanaco_manifest *m, const struct ggml_tenso
             }
         }
         written += err ? 0 : t->nbytes;
-        if (!err) {
+        if (!err && progress) { /* a terminal's line, rewritten; a log gets the totals only */
             fprintf(stderr, "\r" PROG ": %s: %.0f%%", m->shard_paths[s], 100.0 * (double)written / (double)contents->bytes);
         }
     }
-    fprintf(stderr, "\n");
+    if (progress) {
+        fprintf(stderr, "\n");
+    }
     if (!err && (err = guanaco_repack_cache_seal(fd, shard_fd, contents)) != 0) {
         fprintf(stderr, PROG ": %s: writing its trailer: %s\n", partial, strerror(-err));
     }
