@@ -76,6 +76,35 @@ static int read_exactly(int fd, void *into, uint64_t length, uint64_t offset) {
     return 0;
 }
 
+static int write_exactly(int fd, const char *from, uint64_t length, uint64_t offset) {
+    for (uint64_t done = 0; done < length;) {
+        ssize_t put = pwrite(fd, from + done, length - done, (off_t)(offset + done));
+        if (put < 0 && errno == EINTR) {
+            continue;
+        }
+        if (put <= 0) {
+            return put < 0 ? -errno : -EIO;
+        }
+        done += (uint64_t)put;
+    }
+    return 0;
+}
+
+int guanaco_repack_cache_put_expert(const struct guanaco_expert_tensor *t, const struct ggml_tensor *tensor,
+                                    const struct guanaco_expert_repack *repack, uint32_t e, int shard_fd, int cache_fd,
+                                    char *file, char *repacked) {
+    const uint64_t at = t->file_offset + (uint64_t)e * t->expert_stride; /* the cache mirrors the shard */
+    int err = read_exactly(shard_fd, file, t->expert_stride, at);
+    if (err) {
+        return err;
+    }
+    int done = guanaco_expert_repack_layout(repack, tensor, e, file, repacked);
+    if (done != 1) {
+        return done < 0 ? done : -EINVAL;
+    }
+    return write_exactly(cache_fd, repacked, t->expert_stride, at);
+}
+
 /* Expert e of t: the shard's bytes repacked here against the cache's. */
 static int compare_expert(const struct guanaco_expert_tensor *t, const struct ggml_tensor *tensor,
                           const struct guanaco_expert_repack *repack, uint32_t e, int shard_fd, int cache_fd,

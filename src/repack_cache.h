@@ -30,6 +30,7 @@
 
 struct ggml_tensor;
 struct guanaco_expert_repack;
+struct guanaco_expert_tensor;
 struct guanaco_manifest;
 
 #define GUANACO_REPACK_CACHE_SUFFIX ".guanaco-repack"
@@ -91,6 +92,17 @@ int guanaco_repack_cache_path(const char *shard_path, char *out, size_t size);
  */
 int guanaco_repack_cache_open(const char *path, int shard_fd, const struct guanaco_repack_cache_contents *expected,
                               int want_direct, int *fd, int *direct_fd, char *why, size_t size);
+
+/*
+ * guanaco-repack-cache's step for one expert: expert e of manifest tensor t
+ * (`tensor` its ggml tensor), read from `shard_fd`, repacked, written to
+ * `cache_fd` at the offset it has in the shard. `file` and `repacked` are
+ * scratch of t->expert_stride bytes each. 0, -EIO (the shard ends early),
+ * -EINVAL (ggml does not repack it), or -errno of a read or a write.
+ */
+int guanaco_repack_cache_put_expert(const struct guanaco_expert_tensor *t, const struct ggml_tensor *tensor,
+                                    const struct guanaco_expert_repack *repack, uint32_t e, int shard_fd, int cache_fd,
+                                    char *file, char *repacked);
 
 /*
  * guanaco-repack-cache's last step: writes the trailer into `fd` (the cache,

@@ -51,34 +51,6 @@ static double seconds_since(const struct timespec *start) {
     return (double)(now.tv_sec - start->tv_sec) + (double)(now.tv_nsec - start->tv_nsec) / 1e9;
 }
 
-static int read_exactly(int fd, char *into, uint64_t length, uint64_t offset) {
-    for (uint64_t done = 0; done < length;) {
-        ssize_t got = pread(fd, into + done, length - done, (off_t)(offset + done));
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got <= 0) {
-            return got < 0 ? -errno : -EIO;
-        }
-        done += (uint64_t)got;
-    }
-    return 0;
-}
-
-static int write_exactly(int fd, const char *from, uint64_t length, uint64_t offset) {
-    for (uint64_t done = 0; done < length;) {
-        ssize_t put = pwrite(fd, from + done, length - done, (off_t)(offset + done));
-        if (put < 0 && errno == EINTR) {
-            continue;
-        }
-        if (put <= 0) {
-            return put < 0 ? -errno : -EIO;
-        }
-        done += (uint64_t)put;
-    }
-    return 0;
-}
-
 /* Shard s's cache, written to `partial`: every expert of every tensor it must hold. 0 or -errno, said. */
 static int write_shard(const struct guanaco_manifest *m, const struct ggml_tensor *const *tensors,
                        const struct guanaco_expert_repack *repack, int s, int shard_fd, const char *partial,
@@ -104,20 +76,10 @@ static int write_shard(const struct guanaco_manifest *m, const struct ggml_tenso
         }
         const uint32_t n_expert = (uint32_t)(t->nbytes / t->expert_stride);
         for (uint32_t e = 0; !err && e < n_expert; e++) {
-            const uint64_t at = t->file_offset + (uint64_t)e * t->expert_stride;
-            if ((err = read_exactly(shard_fd, file, t->expert_stride, at)) != 0) {
-                fprintf(stderr, PROG ": %s: reading expert %u of %s: %s\n", m->shard_paths[s], e, t->name,
-                        err == -EIO ? "the file ends early" : strerror(-err));
-                break;
-            }
-            int done = guanaco_expert_repack_layout(repack, tensors[i], e, file, repacked);
-            if (done != 1) {
-                err = done < 0 ? done : -EINVAL;
-                fprintf(stderr, PROG ": %s: ggml did not repack expert %u\n", t->name, e);
-                break;
-            }
-            if ((err = write_exactly(fd, repacked, t->expert_stride, at)) != 0) {
-                fprintf(stderr, PROG ": %s: %s\n", partial, strerror(-err));
+            if ((err = guanaco_repack_cache_put_expert(t, tensors[i], repack, e, shard_fd, fd, file, repacked)) != 0) {
+                fprintf(stderr, PROG ": %s, expert %u of %s: %s\n", partial, e, t->name,
+                        err == -EIO ? "the model file ends early" : err == -EINVAL ? "ggml did not repack it"
+                                                                              : strerror(-err));
             }
         }
         written += err ? 0 : t->nbytes;
