@@ -677,6 +677,12 @@ static int open_repack_caches(struct guanaco_engine *engine, bool direct, bool e
         engine->shard_cache_fds[s] = engine->shard_cache_direct_fds[s] = -1;
     }
     if (!engine->repack || o->repack == GUANACO_REPACK_OFF || o->repack_cache == GUANACO_REPACK_OFF) {
+        if (o->repack_cache == GUANACO_REPACK_ON) {
+            guanaco_log_info("--guanaco-repack-cache on: no cache is read, as no expert is repacked (%s)",
+                             o->repack == GUANACO_REPACK_OFF || !engine->repack_allowed
+                                 ? "--guanaco-repack off or --no-repack"
+                                 : "this ggml has no repacked kernels here");
+        }
         return 0;
     }
     const struct ggml_tensor *const *tensors = (const struct ggml_tensor *const *)engine->expert_tensors;

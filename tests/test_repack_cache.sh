@@ -63,6 +63,15 @@ if [ -f "$X.guanaco-repack" ]; then
     check "auto keeps MXFP4 in the file's layout with a cache there, and says so" $? "$(grep -m2 'repack cache' "$W/mxfp4-auto.log")"
 fi
 
+# `on` with repacking off reads nothing and says why, rather than failing a load that needs no cache
+env -u GUANACO_RAM GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 GUANACO_REPACK=off GUANACO_REPACK_CACHE=on \
+    timeout 300 "$LOGITS_DUMP" "$M" "$W/repack-off.bin" >"$W/repack-off.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "repack-cache on: no cache is read, as no expert is repacked (--guanaco-repack off" \
+    "$W/repack-off.log" && ! grep -q "repack cache: $C holds" "$W/repack-off.log"
+check "--guanaco-repack-cache on with --guanaco-repack off loads, reads no cache and says why" $? \
+    "rc $rc: $(grep -m2 'repack' "$W/repack-off.log")"
+
 refused() { # refused NAME TEXT: `on` fails the load naming why; `auto` runs without the cache and says why
     run "$1-on" on
     local rc=$?
