@@ -30,6 +30,10 @@ export GUANACO_VOCAB_DIR="$ROOT/build/llama.cpp/models"
 # clean checkout assembles them and a run of a few tables (--only) replaces only those. $DIR keeps the models and
 # each run's raw files (logs, status lines), which are too large to commit.
 TABLES="$ROOT/docs/bench/tables"
+# The live tables, in BENCHMARKS.md's order: what a run publishes, what assembling reads, what the simulator's count
+# covers.
+LIVE_TABLES=(qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab qwen3-prefetch-ab
+             mixtral-prefetch-ab qwen3-24-pipeline qwen3-24-own)
 mkdir -p "$DIR" "$ROOT/docs/bench" "$TABLES"
 
 QWEN="$DIR/qwen3-30b-a3b-Q4_0.gguf"
@@ -151,8 +155,7 @@ if [ "${1:-}" != --assemble ]; then
 
     # ---- publish what this invocation measured into $TABLES ----
     for file in sim-mixtral.txt sim-qwen3.txt qwen3-preset.stats; do cp "$DIR/$file" "$TABLES/$file"; done
-    for run in qwen3-24-pipeline qwen3-24-own mixtral-replay qwen3-random qwen3-variants mixtral-load-ab qwen3-load-ab \
-               qwen3-prefetch-ab mixtral-prefetch-ab; do
+    for run in "${LIVE_TABLES[@]}"; do
         table "$run" || continue
         mkdir -p "$TABLES/$run"
         cp "$DIR/$run/report.md" "$DIR/$run/runs.csv" "$TABLES/$run/"
@@ -210,8 +213,7 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     echo
     echo "## Live, side by side"
     echo
-    for run in qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab qwen3-prefetch-ab mixtral-prefetch-ab \
-               qwen3-24-pipeline qwen3-24-own; do
+    for run in "${LIVE_TABLES[@]}"; do
         if [ -f "$TABLES/$run/report.md" ]; then
             sed 's/^## /### /' "$TABLES/$run/report.md"
             if [ -f "$ROOT/docs/bench/$run.png" ]; then
@@ -226,8 +228,7 @@ section() { [ -f "$1" ] && cat "$1" && echo; }
     echo "Every Guanaco cell above with a simulated figure (\`bench/sim_accuracy.sh\`, from the reports' \"sim error\""
     echo "columns: (simulated - live) / live, rounded to whole percent; gate is not replayed and not counted)."
     echo
-    bash "$ROOT/bench/sim_accuracy.sh" "$TABLES" qwen3-random qwen3-variants mixtral-replay mixtral-load-ab qwen3-load-ab \
-        qwen3-prefetch-ab mixtral-prefetch-ab qwen3-24-pipeline qwen3-24-own
+    bash "$ROOT/bench/sim_accuracy.sh" "$TABLES" "${LIVE_TABLES[@]}"
     echo
     if [ -f "$TABLES/overhead.txt" ]; then
         echo "## Everything resident: the cost of the engine when it reads nothing"

@@ -651,9 +651,16 @@ int guanaco_engine_finish_graph(struct guanaco_engine *engine) {
     return engine && engine->residency ? guanaco_residency_finish(engine->residency) : 0;
 }
 
-/* Whether an expert tensor of `type` that ggml repacks and whose shard has a repack cache is read from it. */
-static bool cache_read_for(const struct guanaco_engine *engine, enum ggml_type type, bool everything_fits) {
-    return engine->options.repack == GUANACO_REPACK_ON || everything_fits || guanaco_repack_cache_pays(type);
+/* Whether an expert tensor of `type` that ggml repacks runs repacked: --guanaco-repack on, or auto when nothing
+   is read after the preload, or when its shard's repack cache hands it over repacked for a type where that pays.
+   auto's rule under a budget without a cache: a miss's repack sits in the stall; into fixed slots compute outside
+   it is at warm default (8-layer at 25%: 1.04x Q4_0, 1.01x Q4_K against 1.33x and 1.19x), prompts gain (1.22x,
+   1.07x), but decode loses (0.91x Q4_0, 0.72x Q4_K: the repack costs 0.16 and 0.47 CPU-s per GB read;
+   bench/COMPUTE_PARITY.md). */
+static bool runs_repacked(const struct guanaco_engine *engine, enum ggml_type type, bool everything_fits,
+                          bool has_cache) {
+    return engine->options.repack == GUANACO_REPACK_ON || everything_fits ||
+           (has_cache && guanaco_repack_cache_pays(type));
 }
 
 /*
@@ -729,8 +736,8 @@ static int open_repack_caches(struct guanaco_engine *engine, bool direct, bool e
         engine->shard_cache_direct_fds[s] = direct_fd;
         uint32_t used = 0;
         for (size_t i = 0; i < m->n_tensors; i++) {
-            used += m->tensors[i].shard == s && tensors[i] && guanaco_expert_repack_applies(engine->repack, tensors[i]) &&
-                    cache_read_for(engine, m->tensors[i].type, everything_fits);
+            used += guanaco_repack_cache_holds(m, tensors, engine->repack, s, i) &&
+                    runs_repacked(engine, m->tensors[i].type, everything_fits, true);
         }
         if (used < want.n_tensors) {
             guanaco_log_info("repack cache: --guanaco-repack auto keeps %u of its %u tensors in the file's layout under "
@@ -843,14 +850,8 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
         r->mapped = mapping_base[e->shard] + e->file_offset;
         r->file_size = m->shard_sizes[e->shard];
         struct ggml_tensor *tensor = engine->expert_tensors[i];
-        /* auto: only when nothing is read after the preload. Under a budget a miss's repack sits in the stall:
-           into fixed slots compute outside it is at warm default (8-layer at 25%: 1.04x Q4_0, 1.01x Q4_K against
-           1.33x and 1.19x), prompts gain (1.22x, 1.07x), but decode loses (0.91x Q4_0, 0.72x Q4_K: the repack
-           costs 0.16 and 0.47 CPU-s per GB read; bench/COMPUTE_PARITY.md), so it is asked for (on), unless a
-           repack cache hands the experts over already repacked */
         const int cache_fd = engine->shard_cache_fds[e->shard];
-        if (engine->repack && tensor &&
-            (o->repack == GUANACO_REPACK_ON || everything_fits || (cache_fd >= 0 && guanaco_repack_cache_pays(e->type)))) {
+        if (engine->repack && tensor && runs_repacked(engine, e->type, everything_fits, cache_fd >= 0)) {
             if ((err = guanaco_expert_repack_adopt(engine->repack, engine->expert_tensors[i], &r->arena)) < 0) {
                 return err;
             }

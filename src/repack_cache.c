@@ -48,13 +48,18 @@ uint64_t guanaco_repack_cache_hash_name(uint64_t hash, const char *name) {
     }
 }
 
+bool guanaco_repack_cache_holds(const struct guanaco_manifest *manifest, const struct ggml_tensor *const *tensors,
+                                const struct guanaco_expert_repack *repack, int shard, size_t i) {
+    return manifest->tensors[i].shard == shard && tensors[i] && guanaco_expert_repack_applies(repack, tensors[i]);
+}
+
 void guanaco_repack_cache_expect(const struct guanaco_manifest *manifest, const struct ggml_tensor *const *tensors,
                                  const struct guanaco_expert_repack *repack, int shard,
                                  struct guanaco_repack_cache_contents *out) {
     *out = (struct guanaco_repack_cache_contents){.names_hash = GUANACO_REPACK_CACHE_NAMES_SEED};
     for (size_t i = 0; i < manifest->n_tensors; i++) {
         const struct guanaco_expert_tensor *t = &manifest->tensors[i];
-        if (t->shard == shard && tensors[i] && guanaco_expert_repack_applies(repack, tensors[i])) {
+        if (guanaco_repack_cache_holds(manifest, tensors, repack, shard, i)) {
             out->n_tensors++;
             out->names_hash = guanaco_repack_cache_hash_name(out->names_hash, t->name);
             out->bytes += t->nbytes;
@@ -62,30 +67,18 @@ void guanaco_repack_cache_expect(const struct guanaco_manifest *manifest, const 
     }
 }
 
-static int read_exactly(int fd, void *into, uint64_t length, uint64_t offset) {
+/* All of [offset, offset + length) read into or written from `buffer`: 0, -EIO at the file's end, or -errno. */
+static int transfer_exactly(int fd, char *buffer, uint64_t length, uint64_t offset, bool write) {
     for (uint64_t done = 0; done < length;) {
-        ssize_t got = pread(fd, (char *)into + done, length - done, (off_t)(offset + done));
-        if (got < 0 && errno == EINTR) {
+        ssize_t moved = write ? pwrite(fd, buffer + done, length - done, (off_t)(offset + done))
+                              : pread(fd, buffer + done, length - done, (off_t)(offset + done));
+        if (moved < 0 && errno == EINTR) {
             continue;
         }
-        if (got <= 0) {
-            return got < 0 ? -errno : -EIO;
+        if (moved <= 0) {
+            return moved < 0 ? -errno : -EIO;
         }
-        done += (uint64_t)got;
-    }
-    return 0;
-}
-
-static int write_exactly(int fd, const char *from, uint64_t length, uint64_t offset) {
-    for (uint64_t done = 0; done < length;) {
-        ssize_t put = pwrite(fd, from + done, length - done, (off_t)(offset + done));
-        if (put < 0 && errno == EINTR) {
-            continue;
-        }
-        if (put <= 0) {
-            return put < 0 ? -errno : -EIO;
-        }
-        done += (uint64_t)put;
+        done += (uint64_t)moved;
     }
     return 0;
 }
@@ -94,7 +87,7 @@ int guanaco_repack_cache_put_expert(const struct guanaco_expert_tensor *t, const
                                     const struct guanaco_expert_repack *repack, uint32_t e, int shard_fd, int cache_fd,
                                     char *file, char *repacked) {
     const uint64_t at = t->file_offset + (uint64_t)e * t->expert_stride; /* the cache mirrors the shard */
-    int err = read_exactly(shard_fd, file, t->expert_stride, at);
+    int err = transfer_exactly(shard_fd, file, t->expert_stride, at, false);
     if (err) {
         return err;
     }
@@ -102,7 +95,7 @@ int guanaco_repack_cache_put_expert(const struct guanaco_expert_tensor *t, const
     if (done != 1) {
         return done < 0 ? done : -EINVAL;
     }
-    return write_exactly(cache_fd, repacked, t->expert_stride, at);
+    return transfer_exactly(cache_fd, repacked, t->expert_stride, at, true);
 }
 
 /* Expert e of t: the shard's bytes repacked here against the cache's. */
@@ -113,10 +106,10 @@ static int compare_expert(const struct guanaco_expert_tensor *t, const struct gg
     int err = file && repacked && cached ? 0 : -ENOMEM;
     const uint64_t at = t->file_offset + (uint64_t)e * t->expert_stride;
     if (!err) {
-        err = read_exactly(shard_fd, file, t->expert_stride, at);
+        err = transfer_exactly(shard_fd, file, t->expert_stride, at, false);
     }
     if (!err) {
-        err = read_exactly(cache_fd, cached, t->expert_stride, at);
+        err = transfer_exactly(cache_fd, cached, t->expert_stride, at, false);
         if (err == -EIO) {
             snprintf(why, size, "ends before expert %u of %s", e, t->name);
             err = -EINVAL;
@@ -144,7 +137,7 @@ int guanaco_repack_cache_verify(const struct guanaco_manifest *manifest, const s
                                 char *why, size_t size) {
     size_t first = manifest->n_tensors, last = manifest->n_tensors;
     for (size_t i = 0; i < manifest->n_tensors; i++) {
-        if (manifest->tensors[i].shard == shard && tensors[i] && guanaco_expert_repack_applies(repack, tensors[i])) {
+        if (guanaco_repack_cache_holds(manifest, tensors, repack, shard, i)) {
             first = first == manifest->n_tensors ? i : first;
             last = i;
         }

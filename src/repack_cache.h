@@ -55,6 +55,11 @@ bool guanaco_repack_cache_pays(enum ggml_type type);
 /* The hash of the names so far, extended by `name` (its bytes and its NUL). */
 uint64_t guanaco_repack_cache_hash_name(uint64_t hash, const char *name);
 
+/* Whether shard `shard`'s cache holds manifest tensor i (`tensors` its ggml tensors, parallel to
+   manifest->tensors): one of the shard's, and one ggml repacks on this CPU. */
+bool guanaco_repack_cache_holds(const struct guanaco_manifest *manifest, const struct ggml_tensor *const *tensors,
+                                const struct guanaco_expert_repack *repack, int shard, size_t i);
+
 /*
  * What shard `shard`'s cache must hold: the manifest's expert tensors of
  * that shard that ggml repacks on this CPU (guanaco_expert_repack_applies),

@@ -76,7 +76,7 @@
 struct tensor {
     int fd;
     int direct_fd; /* -1 unless LOAD_DIRECT */
-    /* where reads of the experts' bytes go: fd and direct_fd, or a repack cache's (file_in_arena_layout) */
+    /* where reads of the experts' bytes go: fd and direct_fd, or a repack cache's (in_arena_layout) */
     int read_fd, read_direct_fd;
     uint32_t shard;
     uint32_t layer, index_in_layer;
@@ -88,8 +88,13 @@ struct tensor {
     char *arena; /* NULL: computes from the mapping */
     int (*transform)(void *context, uint32_t expert, const void *source, void *destination);
     void *transform_context;
-    bool file_in_arena_layout; /* guanaco_residency_tensor's: its reads need no transform */
 };
+
+/* Whether t's reads come from a repack cache (guanaco_residency_tensor.file_in_arena_layout): they land in the
+   layout t computes from, and no transform runs. */
+static inline bool in_arena_layout(const struct tensor *t) {
+    return t->read_fd != t->fd;
+}
 
 struct layer {
     uint32_t first_tensor, n_tensors;
@@ -751,10 +756,11 @@ static int add_layer(struct guanaco_residency *r, const struct guanaco_residency
         own->arena = t->arena;
         own->transform = t->transform;
         own->transform_context = t->transform_context;
-        own->file_in_arena_layout = t->arena && t->file_in_arena_layout;
-        own->read_fd = own->file_in_arena_layout ? t->layout_fd : own->fd;
-        own->read_direct_fd = own->file_in_arena_layout && own->direct_fd >= 0 ? t->layout_direct_fd : own->direct_fd;
-        if (own->file_in_arena_layout && (own->read_fd < 0 || (own->direct_fd >= 0 && own->read_direct_fd < 0))) {
+        const bool layout_file = t->arena && t->file_in_arena_layout;
+        own->read_fd = layout_file ? t->layout_fd : own->fd;
+        own->read_direct_fd = layout_file && own->direct_fd >= 0 ? t->layout_direct_fd : own->direct_fd;
+        if (layout_file && (own->read_fd < 0 || own->read_fd == own->fd ||
+                            (own->direct_fd >= 0 && own->read_direct_fd < 0))) {
             guanaco_log_error("residency: expert tensor %u of layer %u: a repack cache needs its descriptors", i, l);
             return -EINVAL;
         }
@@ -1536,9 +1542,9 @@ static int populate(struct guanaco_residency *r, const char *start, uint64_t len
 static int transform_slice(struct guanaco_residency *r, const struct tensor *t, uint32_t e) {
     uint64_t a = t->begin + (uint64_t)e * t->stride;
     /* a repack cache's bytes are the arena's already: read straight into it */
-    char *into = t->file_in_arena_layout ? t->arena + (a - t->begin) : r->transform_source;
+    char *into = in_arena_layout(t) ? t->arena + (a - t->begin) : r->transform_source;
     uint64_t first = page_down(r, a - t->begin), last = page_up(r, a - t->begin + t->stride);
-    if (t->file_in_arena_layout) {
+    if (in_arena_layout(t)) {
         (void)madvise(t->arena + first, last - first, MADV_POPULATE_WRITE); /* as below */
     }
     for (uint64_t done = 0; done < t->stride;) {
@@ -1551,7 +1557,7 @@ static int transform_slice(struct guanaco_residency *r, const struct tensor *t, 
         }
         done += (uint64_t)got;
     }
-    if (t->file_in_arena_layout) {
+    if (in_arena_layout(t)) {
         return 0;
     }
     uint64_t start = guanaco_now_ns();
@@ -1576,7 +1582,7 @@ static int transform_slice(struct guanaco_residency *r, const struct tensor *t, 
  */
 static int transform_in_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char *slice,
                              struct slot_arrival *arrival) {
-    if (t->file_in_arena_layout) {
+    if (in_arena_layout(t)) {
         return 0; /* read from a repack cache: already in the layout it computes from */
     }
     if (arrival && (arrival->repacked || arrival->error)) { /* done by the io thread as it landed */
@@ -1653,7 +1659,7 @@ static void add_slice_requests(struct guanaco_residency *r, size_t *n_requests, 
         uint64_t length = b - at < piece ? b - at : piece;
         r->requests[*n_requests] = (struct guanaco_io_request){
             .fd = t->read_fd, .offset = at, .length = length,
-            .populate = huge && !t->file_in_arena_layout ? huge + (at - a) : NULL}; /* huge maps fd */
+            .populate = huge && !in_arena_layout(t) ? huge + (at - a) : NULL}; /* huge maps fd */
         r->request_missing[(*n_requests)++] = (uint32_t)missing_index;
     }
 }
@@ -2008,7 +2014,7 @@ static void repack_arrived(struct guanaco_io_job *job, void *context) {
     for (uint32_t k = 0; k < l->n_tensors; k++) {
         const struct tensor *t = &r->tensors[l->first_tensor + k];
         size_t slot = i * r->max_tensors_in_layer + k;
-        if (!t->arena || !r->staging[slot] || t->file_in_arena_layout) {
+        if (!t->arena || !r->staging[slot] || in_arena_layout(t)) {
             continue;
         }
         uint64_t a = t->begin + (uint64_t)e * t->stride, start = guanaco_now_ns();
@@ -2354,7 +2360,7 @@ static void add_run_requests(struct guanaco_residency *r, struct prefetch_run *r
         run->addresses[run->n_requests] = address_of(t, at);
         run->requests[run->n_requests++] = (struct guanaco_io_request){
             .fd = t->read_fd, .offset = at, .length = length, .destination = NULL,
-            .populate = huge && !t->file_in_arena_layout ? huge + (at - a) : NULL}; /* huge maps fd */
+            .populate = huge && !in_arena_layout(t) ? huge + (at - a) : NULL}; /* huge maps fd */
     }
 }
 

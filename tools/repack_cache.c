@@ -71,7 +71,7 @@ static int write_shard(const struct guanaco_manifest *m, const struct ggml_tenso
     const bool progress = isatty(STDERR_FILENO);
     for (size_t i = 0; !err && i < m->n_tensors; i++) {
         const struct guanaco_expert_tensor *t = &m->tensors[i];
-        if (t->shard != s || !tensors[i] || !guanaco_expert_repack_applies(repack, tensors[i])) {
+        if (!guanaco_repack_cache_holds(m, tensors, repack, s, i)) {
             continue;
         }
         const uint32_t n_expert = (uint32_t)(t->nbytes / t->expert_stride);
