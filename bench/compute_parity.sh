@@ -107,4 +107,44 @@ for m in models:
         print("| %s | %s | %s | %s |" % (m, t, " | ".join(text), " | ".join(ratios)))
 n = min(cell(m, c, t)[3] for m in models for t in tests for c in configs if cell(m, c, t))
 print("\nmedian [min-max] tok/s over %d rounds; raw runs: %s" % (n, sys.argv[1]))
+
+# The verdict on 3%: each round's ratio against the default run of the same round (they ran minutes apart at most),
+# and a distribution-free 95% interval for the median ratio, [v(k), v(n+1-k)] of the sorted ratios with the largest k
+# whose coverage 1 - 2 P(Binomial(n, 1/2) < k) stays >= 95% (bench/overhead.sh's rule).
+def interval(v):
+    v = sorted(v)
+    n = len(v)
+    if n < 6:
+        return None
+    from math import comb
+    k, tail = 1, 0.5 ** n
+    while k + 1 <= (n + 1) // 2 and 1 - 2 * (tail + comb(n, k) * 0.5 ** n) >= 0.95:
+        tail += comb(n, k) * 0.5 ** n
+        k += 1
+    return v[k - 1], v[n - k], 1 - 2 * tail
+def verdict(lo, hi):
+    if lo >= 0.97:
+        return "within 3%"
+    if hi < 0.97:
+        return "more than 3% slower"
+    return "cannot tell"
+others = [c for c in configs if c != "default"]
+if "default" in configs and others:
+    print("\n| model | test | config | paired ratio over default, median [min-max] | 95% interval | rounds | 3% verdict |")
+    print("|---|---|---|---|---|---|---|")
+    for m in models:
+        for t in tests:
+            for c in others:
+                by_round = {}
+                for r in rows:
+                    if r["model"] == m and r["test"] == t and r["config"] in ("default", c):
+                        by_round.setdefault(r["round"], {})[r["config"]] = float(r["tok_s"])
+                ratios = sorted(v[c] / v["default"] for v in by_round.values() if c in v and "default" in v and v["default"] > 0)
+                if not ratios:
+                    continue
+                ci = interval(ratios)
+                print("| %s | %s | %s | %.3f [%.3f-%.3f] | %s | %d | %s |" % (
+                    m, t, c, statistics.median(ratios), ratios[0], ratios[-1],
+                    "%.3f-%.3f (%.1f%%)" % (ci[0], ci[1], 100 * ci[2]) if ci else "- (under 6 rounds)", len(ratios),
+                    verdict(ci[0], ci[1]) if ci else "cannot tell"))
 PY
