@@ -356,7 +356,7 @@ static void choose_stream_direct(struct guanaco_engine *engine, bool contexts_kn
     struct guanaco_residency_stats st;
     guanaco_residency_get_stats(engine->residency, &st);
     if (!st.stream_buffer_bytes) {
-        return; /* not asked for, or not possible here (page-cache loading, no slots, repacked experts) */
+        return; /* not asked for, or not possible here (page-cache loading, no slots, repacked experts without a cache) */
     }
     const struct guanaco_manifest *m = &engine->manifest;
     int64_t contexts = atomic_load(&engine->context_bytes);

@@ -254,6 +254,7 @@ struct guanaco_residency {
     /* stream_prompts (config): prompt-sized calls use their reads once and drop them */
     bool stream;
     bool stream_huge;     /* the kernel takes MADV_HUGEPAGE on a file mapping: streamed runs span STREAM_SPAN_BYTES */
+    bool stream_needs_buffers; /* repacked tensors stream, from a repack cache: only into the stream buffers */
     bool *stream_ahead;   /* n_layer: read ahead as a streamed layer, so its call streams (huge folios) */
     bool *stream_pending; /* n_layer: a streamed call's pages, dropped with the next call's reads */
     /* stream_direct (config): streamed calls read into two buffers instead, mapped while a prompt streams */
@@ -1036,7 +1037,8 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
 
 /*
  * Streaming needs the page-cache path without arenas: an arena would hold a
- * copy that the next call throws away. The huge mappings are only address
+ * copy that the next call throws away (but see the repack cache below, which
+ * streams into the stream buffers instead). The huge mappings are only address
  * space; without them (no THP, or mmap refused) streaming still works, in
  * 4 KiB folios.
  *
@@ -1048,8 +1050,20 @@ static int prefetch_create(struct guanaco_residency *r, const struct guanaco_res
  * budget, in folios that a resident neighbour then keeps.
  */
 static int stream_create(struct guanaco_residency *r, const struct guanaco_residency_config *config) {
-    if (!config->stream_prompts || r->transform_source) {
+    if (!config->stream_prompts) {
         return 0;
+    }
+    /* A repacked tensor streams only from a repack cache into the stream buffers, whose bytes are then ready for
+       its kernels: a streamed page-cache mapping would hand them the file's layout, and repacking a prompt's whole
+       layer per ubatch costs more than the faster kernels save. Without the cache, its prompts go through the
+       budget, as before; with it, a prompt no longer evicts decode's experts to pass through (streams_now). */
+    for (uint32_t i = 0; i < r->n_tensors; i++) {
+        const struct tensor *t = &r->tensors[i];
+        if (t->arena && !(in_arena_layout(t) && config->stream_direct && r->slots &&
+                          r->load == GUANACO_RESIDENCY_LOAD_DIRECT)) {
+            return 0;
+        }
+        r->stream_needs_buffers = r->stream_needs_buffers || t->arena;
     }
     r->stream_ahead = calloc(r->n_layer, sizeof(*r->stream_ahead));
     r->stream_pending = calloc(r->n_layer, sizeof(*r->stream_pending));
@@ -1059,6 +1073,11 @@ static int stream_create(struct guanaco_residency *r, const struct guanaco_resid
     r->stream = true;
     r->stream_huge = r->prefetch_allowance && huge_mappings_work(r, config);
     return 0;
+}
+
+/* Whether a call may stream now (stream_prompts): repacked tensors only while the stream buffers are in force. */
+static inline bool streams_now(const struct guanaco_residency *r) {
+    return r->stream && (r->stream_direct || !r->stream_needs_buffers);
 }
 
 /*
@@ -2419,7 +2438,7 @@ static int prefetch_locked(struct guanaco_residency *r, uint32_t layer, const ui
     /* A prompt's layer streams (stream_prompts): its call uses these reads once, and they come in huge folios.
        DIRECT goes by what the guess names, held or not, as the call will: a prompt's call streams, and copies
        read ahead for it would be read again through the page cache (claim_prefetch). */
-    const bool streamed = r->stream && (guanaco_streams_layer(wanted, r->n_expert) ||
+    const bool streamed = streams_now(r) && (guanaco_streams_layer(wanted, r->n_expert) ||
                                         (r->load == GUANACO_RESIDENCY_LOAD_DIRECT &&
                                          guanaco_streams_layer(named, r->n_expert)));
     if (streamed) {
@@ -2701,18 +2720,18 @@ static size_t stream_requests(struct guanaco_residency *r, const struct stream_b
             uint64_t end = t->begin + (uint64_t)(list[j - 1] + 1) * t->stride;
             uint64_t direct_end = direct_read_end(r, t, end);
             struct guanaco_io_request *last = count > first_of_tensor ? &out[count - 1] : NULL;
-            if (direct_end > a && last && last->fd == t->direct_fd && last->offset + last->length >= a) {
+            if (direct_end > a && last && last->fd == t->read_direct_fd && last->offset + last->length >= a) {
                 last->length = direct_end - last->offset; /* meets the last run's pages: one request */
             } else if (direct_end > a) {
-                out[count++] = (struct guanaco_io_request){.fd = t->direct_fd, .offset = a, .length = direct_end - a,
+                out[count++] = (struct guanaco_io_request){.fd = t->read_direct_fd, .offset = a, .length = direct_end - a,
                                                            .destination = origin + (a - first_page)};
             }
             uint64_t tail = direct_end > a ? direct_end : a;
             last = count > first_of_tensor ? &out[count - 1] : NULL;
-            if (tail < end && last && last->fd == t->fd && last->offset + last->length >= tail) {
+            if (tail < end && last && last->fd == t->read_fd && last->offset + last->length >= tail) {
                 last->length = end - last->offset; /* two runs in the file's last page: one buffered request */
             } else if (tail < end) {
-                out[count++] = (struct guanaco_io_request){.fd = t->fd, .offset = tail, .length = end - tail,
+                out[count++] = (struct guanaco_io_request){.fd = t->read_fd, .offset = tail, .length = end - tail,
                                                            .destination = origin + (tail - first_page)};
             }
             i = j;
@@ -3139,7 +3158,8 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
     int first_error = 0, pending_error = 0;
     /* A prompt's ubatch streams the layer (stream_prompts), and so does a call whose read-ahead streamed: its
        huge folios must go as whole runs. */
-    const bool stream = r->stream && may_stream && (r->stream_ahead[layer] || guanaco_streams_layer(n_distinct, r->n_expert));
+    const bool stream = streams_now(r) && may_stream &&
+                        (r->stream_ahead[layer] || guanaco_streams_layer(n_distinct, r->n_expert));
     if (r->stream) {
         r->stream_ahead[layer] = false;
         set_streaming(r, stream);

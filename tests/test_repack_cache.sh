@@ -42,6 +42,25 @@ grep -q "guanaco: repack cache: $C holds" "$W/cached.log" && grep -q 'repacked a
 check "it says it reads the cache, and repacked nothing as reads landed" $? "$(grep -m3 'repack' "$W/cached.log")"
 cmp -s "$W/repacked.bin" "$W/cached.bin"
 check "the same logits as repacking each read" $? "the dumps differ"
+# The 48-token prompt needs most of each layer: with the cache it streams into the stream buffers, ready for the
+# repacked kernels, instead of evicting what decode keeps. Repacking each read streams nothing (a prompt's layer
+# repacked per ubatch costs more than it saves), and neither does the cache without the buffers: a streamed
+# page-cache mapping would give the repacked kernels the file's layout.
+streamed_direct() { # the MiB the run's last status line says it read direct into the stream buffers
+    grep 'guanaco: residency: ' "$W/$1.log" | tail -1 | sed -n 's/.*, \([0-9.]*\) read direct into the stream buffers.*/\1/p'
+}
+s=$(streamed_direct cached)
+awk -v s="${s:-0}" 'BEGIN { exit !(s > 0) }' && grep -q "prompts stream with O_DIRECT into two layer buffers" "$W/cached.log"
+check "the cached run's prompt streams into the stream buffers" $? "streamed ${s:-none}: $(grep -m1 'streamed' "$W/cached.log")"
+s=$(streamed_direct repacked)
+[ "${s:-x}" = 0.0 ]
+check "repacking each read streams no prompt" $? "streamed ${s:-none}"
+env -u GUANACO_RAM GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 GUANACO_REPACK=on GUANACO_REPACK_CACHE=on \
+    GUANACO_STREAM_DIRECT=0 timeout 300 "$LOGITS_DUMP" "$M" "$W/cached-no-buffers.bin" >"$W/cached-no-buffers.log" 2>&1
+rc=$?
+line=$(grep 'guanaco: residency: ' "$W/cached-no-buffers.log" | tail -1)
+[ $rc -eq 0 ] && [[ $line == *"streamed 0.0 MiB"* ]] && cmp -s "$W/cached-no-buffers.bin" "$W/cached.bin"
+check "the cache without the stream buffers streams nothing, with the same logits" $? "rc $rc: ${line:0:200}"
 
 # --guanaco-repack auto (the default) under a budget reads Q4_0 from the cache, and keeps MXFP4, measured slower
 # repacked there, in the file's layout: the same logits as without the cache
