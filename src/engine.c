@@ -741,7 +741,7 @@ static int open_repack_caches(struct guanaco_engine *engine, bool direct, bool e
         }
         if (used < want.n_tensors) {
             guanaco_log_info("repack cache: --guanaco-repack auto keeps %u of its %u tensors in the file's layout under "
-                             "a budget: of a type measured slower repacked (MXFP4; bench/COMPUTE_PARITY.md); "
+                             "a budget: of a type not measured faster repacked there (IQ4_NL; bench/COMPUTE_PARITY.md); "
                              "--guanaco-repack on reads them from the cache too", want.n_tensors - used,
                              want.n_tensors);
         }

@@ -36,7 +36,7 @@ static uint64_t trailer_offset(uint64_t shard_size) {
 }
 
 bool guanaco_repack_cache_pays(enum ggml_type type) {
-    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_K;
+    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_MXFP4;
 }
 
 uint64_t guanaco_repack_cache_hash_name(uint64_t hash, const char *name) {

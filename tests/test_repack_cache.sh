@@ -62,8 +62,8 @@ line=$(grep 'guanaco: residency: ' "$W/cached-no-buffers.log" | tail -1)
 [ $rc -eq 0 ] && [[ $line == *"streamed 0.0 MiB"* ]] && cmp -s "$W/cached-no-buffers.bin" "$W/cached.bin"
 check "the cache without the stream buffers streams nothing, with the same logits" $? "rc $rc: ${line:0:200}"
 
-# --guanaco-repack auto (the default) under a budget reads Q4_0 from the cache, and keeps MXFP4, measured slower
-# repacked there, in the file's layout: the same logits as without the cache
+# --guanaco-repack auto (the default) under a budget reads Q4_0 from the cache, and gpt-oss's MXFP4 too: the
+# logits of the runs that read the cache with --guanaco-repack on; without a cache auto keeps the file's layout
 env -u GUANACO_RAM -u GUANACO_REPACK GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 timeout 300 "$LOGITS_DUMP" "$M" \
     "$W/auto.bin" >"$W/auto.log" 2>&1
 line=$(grep -m1 "guanaco: repack cache: $C holds" "$W/auto.log")
@@ -72,14 +72,19 @@ line=$(grep -m1 "guanaco: repack cache: $C holds" "$W/auto.log")
 check "auto under a budget reads every Q4_0 tensor from the cache, with the repacked logits" $? "$line"
 X=$W/mxfp4.gguf
 "$MKMODEL" --arch gpt-oss --quant MXFP4 --seed 5 -o "$X" >"$W/mxfp4.mkmodel.log" 2>&1 && "$REPACK_CACHE_TOOL" "$X" >/dev/null 2>&1
-for mode in auto off; do
-    env -u GUANACO_RAM -u GUANACO_REPACK GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 GUANACO_REPACK_CACHE=$mode \
+for mode in auto on off; do
+    repack=auto
+    [ $mode = on ] && repack=on
+    env -u GUANACO_RAM GUANACO_STREAMING=1 GUANACO_MAX_EXPERTS=2 GUANACO_REPACK=$repack GUANACO_REPACK_CACHE=$mode \
         timeout 300 "$LOGITS_DUMP" "$X" "$W/mxfp4-$mode.bin" >"$W/mxfp4-$mode.log" 2>&1
 done
 if [ -f "$X.guanaco-repack" ]; then
-    grep -q "auto keeps \([0-9]*\) of its \1 tensors in the file's layout" "$W/mxfp4-auto.log" &&
-        cmp -s "$W/mxfp4-auto.bin" "$W/mxfp4-off.bin"
-    check "auto keeps MXFP4 in the file's layout with a cache there, and says so" $? "$(grep -m2 'repack cache' "$W/mxfp4-auto.log")"
+    line=$(grep -m1 "guanaco: repack cache: $X.guanaco-repack holds" "$W/mxfp4-auto.log")
+    [[ $line =~ holds\ ([0-9]+)\ repacked.*:\ ([0-9]+)\ read ]] && [ "${BASH_REMATCH[1]}" -gt 0 ] &&
+        [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ] && cmp -s "$W/mxfp4-auto.bin" "$W/mxfp4-on.bin" &&
+        grep -q "0 expert tensors run repacked" "$W/mxfp4-off.log"
+    check "auto reads every MXFP4 tensor from the cache (the logits of on), and without it keeps the file's layout" \
+        $? "$line; $(grep -m1 'run repacked' "$W/mxfp4-off.log" | cut -c1-160)"
 fi
 
 # `on` with repacking off reads nothing and says why, rather than failing a load that needs no cache
