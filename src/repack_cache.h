@@ -46,9 +46,10 @@ struct guanaco_repack_cache_contents {
 /*
  * Whether --guanaco-repack auto reads experts of this type from a cache
  * under a budget: where repacked experts from a cache measured at least level
- * with the file's layout (8-layer models at 25%, 5 reps, paired decode: Q4_0
- * 1.03x, Q4_K 1.02x; MXFP4 1.04x at 25% and 1.15x at 50%, prompts 1.22x and
- * 1.18x, once prompts streamed from the cache; bench/COMPUTE_PARITY.md).
+ * with the file's layout (8-layer models, replayed routing, 5 reps, paired
+ * decode at 25%: Q4_0 1.08x, Q4_K 1.06x, MXFP4 1.04x, prompts 1.16-1.22x;
+ * MXFP4 1.15x at 50%; once prompts streamed from the cache;
+ * bench/COMPUTE_PARITY.md).
  * IQ4_NL, not measured, stays in the file's layout. --guanaco-repack on reads
  * any.
  */
