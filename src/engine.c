@@ -51,7 +51,8 @@ static double per_token(uint64_t ns, uint64_t tokens) { return tokens ? (double)
  * tokens long. The definitions are the README's ("The Guanaco lines").
  */
 static void log_residency(const char *what, const struct guanaco_residency_stats *now,
-                          const struct guanaco_residency_stats *before, uint64_t tokens, const char *tail) {
+                          const struct guanaco_residency_stats *before, uint64_t tokens, uint64_t hook_ns,
+                          const char *tail) {
     uint64_t accesses = now->accesses - before->accesses, hits = now->hits - before->hits;
     uint64_t issued = now->prefetch_issued_bytes - before->prefetch_issued_bytes;
     uint64_t used = now->prefetch_used_bytes - before->prefetch_used_bytes;
@@ -77,7 +78,7 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      "(reloaded within %u tokens), read-ahead %.1f MiB issued, %.1f used, %.1f wasted, recall %.1f%%, "
                      "hidden %.1f%% of reads, streamed %.1f MiB (%.1f via the huge mapping, %.1f read direct into the stream "
                      "buffers), loaded %.1f MiB via the huge "
-                     "mapping, repacked as reads landed %.1f ms/token%s%s",
+                     "mapping, repacked as reads landed %.1f ms/token, router hook %.1f ms/token%s%s",
                      what, (unsigned long long)tokens, percent(hits, accesses), (unsigned long long)accesses,
                      percent(now->pinned_hits - before->pinned_hits, accesses), (unsigned long long)loads, gib(bytes),
                      read_ns ? (double)demand / (double)read_ns : 0.0, per_token(stall_ns, tokens),
@@ -91,7 +92,8 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      (double)(now->streamed_huge_bytes - before->streamed_huge_bytes) / 1048576.0,
                      (double)(now->streamed_direct_bytes - before->streamed_direct_bytes) / 1048576.0,
                      (double)(now->loaded_huge_bytes - before->loaded_huge_bytes) / 1048576.0,
-                     per_token(now->arrival_transform_ns - before->arrival_transform_ns, tokens), spares, tail);
+                     per_token(now->arrival_transform_ns - before->arrival_transform_ns, tokens),
+                     per_token(hook_ns, tokens), spares, tail);
 }
 
 /* Every status_every tokens through the last MoE layer: the interval's line plus a RAM check by mincore. */
@@ -112,8 +114,11 @@ static void maybe_log_status(struct guanaco_engine *engine, uint64_t done_before
     }
     char what[64];
     snprintf(what, sizeof(what), "status at token %llu", (unsigned long long)done_after);
-    log_residency(what, &st, &engine->status_last, done_after - engine->status_last_tokens, tail);
+    uint64_t hook_ns = atomic_load(&engine->router_hook_ns);
+    log_residency(what, &st, &engine->status_last, done_after - engine->status_last_tokens,
+                  hook_ns - engine->status_last_hook_ns, tail);
     engine->status_last = st;
+    engine->status_last_hook_ns = hook_ns;
     engine->status_last_tokens = done_after;
     engine->status_last_ns = guanaco_now_ns();
     pthread_mutex_unlock(&engine->status_lock);
@@ -1437,7 +1442,8 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
                  "layer computed", gib(st.peak_resident_bytes), (unsigned long long)st.load_failures, load_name(st.load),
                  (unsigned long long)st.loads_settled_computing);
         /* the preload is reported on its own line: these are the decode's */
-        log_residency("residency", &st, &engine->after_preload, atomic_load(&engine->tokens_done), tail);
+        log_residency("residency", &st, &engine->after_preload, atomic_load(&engine->tokens_done),
+                      atomic_load(&engine->router_hook_ns), tail);
         if (engine->asks_expert_weights) {
             ggml_cpu_set_expert_weights(NULL, NULL);
         }

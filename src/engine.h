@@ -29,6 +29,9 @@ struct guanaco_engine {
     _Atomic uint64_t routed_tokens; /* tokens seen, summed over MoE layers */
     _Atomic uint64_t router_calls;  /* ffn_moe_topk evaluations */
     _Atomic uint64_t invalid_ids;   /* ids outside [0, n_expert): counted, never used */
+    /* wall time in the router hook, all contexts: the engine's own work between a MoE layer's router and its
+       experts' matmuls, while the other compute threads wait for the next graph split (status lines) */
+    _Atomic uint64_t router_hook_ns;
     _Atomic int hooks;              /* contexts currently hooked */
     _Atomic uint32_t contexts_seen; /* numbers the hooks: a recorded trace's sequence id */
     struct guanaco_trace_writer *trace_writer; /* --guanaco-trace-out, or NULL */
@@ -51,7 +54,7 @@ struct guanaco_engine {
     pthread_mutex_t status_lock;               /* one status line at a time, and status_last */
     struct guanaco_residency_stats status_last; /* at the previous status line */
     struct guanaco_residency_stats after_preload; /* what the preload did, left out of the closing line */
-    uint64_t status_last_tokens, status_last_ns;
+    uint64_t status_last_tokens, status_last_ns, status_last_hook_ns;
     struct guanaco_predictor *predictor;       /* --guanaco-prefetch, or NULL when there is no read-ahead */
     pthread_mutex_t predictor_lock;            /* the predictor and the scratch arrays below */
     uint32_t *predicted;                       /* n_expert: the guess handed to the residency engine */

@@ -230,6 +230,7 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
         if (atomic_load(&hook->error)) {
             return false; /* this graph already failed: compute nothing more of it */
         }
+        const uint64_t hook_start = guanaco_now_ns();
         int k = 0, n_tokens = 0;
         int err = read_router_ids(hook, t, &k, &n_tokens);
         if (err < 0) {
@@ -269,6 +270,7 @@ static bool guanaco_eval_callback(struct ggml_tensor *t, bool ask, void *user_da
                                           hook->ids, k, n_tokens);
             hook->rows_seen[layer] += (uint64_t)n_tokens;
         }
+        atomic_fetch_add(&hook->engine->router_hook_ns, guanaco_now_ns() - hook_start);
     }
     /* false at ask=false makes the scheduler skip the rest of the split: only the user may say that. */
     return user_wants ? hook->user_callback(t, false, hook->user_data) : true;
