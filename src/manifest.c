@@ -27,9 +27,13 @@ int guanaco_tensor_name_is_expert(const char *name, int *layer) {
     if (end == name + 4 || *end != '.' || parsed < 0 || parsed > 1000000) {
         return 0;
     }
-    /* "_exps." must close the tensor's base name: ffn_gate_exps.weight, ffn_down_exps.bias */
+    /* "_exps.weight" must close the name: ffn_gate_exps.weight, ffn_gate_up_exps.weight. An expert's bias
+       (gpt-oss: ffn_down_exps.bias, a few KB per expert) stays with the non-expert weights: ADD_ID reads it
+       straight from the mapping without asking where the expert is, so a streamed one was a major fault at
+       each use after its eviction, outside the stall (96 per token on the 8-layer gpt-oss shape at 25%), and
+       its slot copy went unread. */
     const char *marker = strstr(end, "_exps.");
-    if (!marker || strchr(marker + 6, '.') != NULL) {
+    if (!marker || strcmp(marker + 6, "weight") != 0) {
         return 0;
     }
     if (layer) {

@@ -75,7 +75,7 @@ void guanaco_manifest_free(struct guanaco_manifest *manifest);
 const struct guanaco_expert_tensor *guanaco_manifest_find(const struct guanaco_manifest *manifest,
                                                           const char *name);
 
-/* True when a tensor name has the shape of an expert tensor: blk.N.*_exps.* */
+/* True when a tensor name has the shape of a streamed expert tensor: blk.N.*_exps.weight */
 int guanaco_tensor_name_is_expert(const char *name, int *layer);
 
 #endif

@@ -1429,7 +1429,7 @@ static int drop_expert_pages(struct guanaco_residency *r, uint32_t layer, uint32
         }
         char *copy = r->slots ? atomic_exchange(&r->slot_copy[slot_index(r, t, e)], NULL) : NULL;
         if (copy) {
-            release_slot(r, t, e, copy); /* the mapping never held it: a bias the add read is dropped below */
+            release_slot(r, t, e, copy); /* the mapping never held it */
         } else if (copies_placed && r->load == GUANACO_RESIDENCY_LOAD_DIRECT && page_up(r, a) < page_down(r, b)) {
             int err = restore_file_pages(r, t, page_up(r, a), page_down(r, b));
             if (err && !first_error) {
