@@ -1075,9 +1075,10 @@ static int stream_create(struct guanaco_residency *r, const struct guanaco_resid
     return 0;
 }
 
-/* Whether a call may stream now (stream_prompts): repacked tensors only while the stream buffers are in force. */
+/* Whether a call may stream now (stream_prompts): repacked tensors only into the stream buffers, so only while
+   they are in force and one context computes (with several, a streamed call goes through the page cache). */
 static inline bool streams_now(const struct guanaco_residency *r) {
-    return r->stream && (r->stream_direct || !r->stream_needs_buffers);
+    return r->stream && ((r->stream_direct && !r->shared) || !r->stream_needs_buffers);
 }
 
 /*
