@@ -260,7 +260,6 @@ struct guanaco_residency {
     /* stream_prompts (config): prompt-sized calls use their reads once and drop them */
     bool stream;
     bool stream_huge;     /* the kernel takes MADV_HUGEPAGE on a file mapping: streamed runs span STREAM_SPAN_BYTES */
-    bool stream_needs_buffers; /* repacked tensors stream, from a repack cache: only into the stream buffers */
     bool *stream_ahead;   /* n_layer: read ahead as a streamed layer, so its call streams (huge folios) */
     bool *stream_pending; /* n_layer: a streamed call's pages, dropped with the next call's reads */
     /* stream_direct (config): streamed calls read into two buffers instead, mapped while a prompt streams */
@@ -1070,7 +1069,6 @@ static int stream_create(struct guanaco_residency *r, const struct guanaco_resid
                           r->load == GUANACO_RESIDENCY_LOAD_DIRECT)) {
             return 0;
         }
-        r->stream_needs_buffers = r->stream_needs_buffers || t->arena;
     }
     r->stream_ahead = calloc(r->n_layer, sizeof(*r->stream_ahead));
     r->stream_pending = calloc(r->n_layer, sizeof(*r->stream_pending));
@@ -1085,7 +1083,7 @@ static int stream_create(struct guanaco_residency *r, const struct guanaco_resid
 /* Whether a call may stream now (stream_prompts): repacked tensors only into the stream buffers, so only while
    they are in force and one context computes (with several, a streamed call goes through the page cache). */
 static inline bool streams_now(const struct guanaco_residency *r) {
-    return r->stream && ((r->stream_direct && !r->shared) || !r->stream_needs_buffers);
+    return r->stream && ((r->stream_direct && !r->shared) || !r->transform_source); /* transform_source: arenas */
 }
 
 /*
