@@ -23,6 +23,7 @@
 #                       the token's time not spent waiting on residency (compute under the engine plus the
 #                       engine's own work outside the stall)
 #   x warm compute      outside stall / compute per token; "!" where it is above 1.10
+#   x warm, paired      per rep: outside stall / that rep's warm ram time per token, then the median [min-max]
 #   prompt limit        prompt tokens / max(prompt bytes / fio bandwidth, prompt tokens / warm ram prompt
 #                       tok/s), from the cell's medians; '-' when the Guanaco run's prompt bytes (its status
 #                       lines of the measured prompt) or a warm ram prompt rate is missing
@@ -102,6 +103,26 @@ stat_of() { # stat_of BUDGET VARIANT COLUMN [warm]
         }
         (col in c) && $c[col] != "" { x[n++] = $c[col] + 0 }
         END {
+            if (!n) { print "- - - 0"; exit }
+            for (i = 1; i < n; i++) for (j = i; j > 0 && x[j - 1] > x[j]; j--) { t = x[j]; x[j] = x[j - 1]; x[j - 1] = t }
+            m = n % 2 ? x[int(n / 2)] : (x[n / 2 - 1] + x[n / 2]) / 2
+            print m, x[0], x[n - 1], n
+        }' "$RUNS"
+}
+# The time outside the stall over the warm ram run's time per token of the same rep, per rep: "median min max n".
+# A rep's variants run back to back, so the machine's drift between reps (this VM's warm decode moved 1.4x within
+# one table) divides out, as in bench/compute_parity.sh's paired ratios.
+paired_outside() { # paired_outside BUDGET VARIANT
+    awk -F, -v b="$1" -v v="$2" -v warm="$WARM_PCT" '
+        NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+        $c["rc"] != 0 || $c["tg_ts"] == "" || $c["tg_ts"] + 0 <= 0 { next }
+        $c["budget_pct"] == 100 && $c["variant"] == "ram" {
+            if (("cached_pct" in c) && $c["cached_pct"] != "" && $c["cached_pct"] + 0 >= warm) ram[$c["rep"]] = 1000 / $c["tg_ts"]
+            next }
+        $c["budget_pct"] == b && $c["variant"] == v && ("stall_ms_per_token" in c) && $c["stall_ms_per_token"] != "" {
+            out[$c["rep"]] = 1000 / $c["tg_ts"] - $c["stall_ms_per_token"] }
+        END {
+            for (r in out) if (r in ram) x[n++] = out[r] / ram[r]
             if (!n) { print "- - - 0"; exit }
             for (i = 1; i < n; i++) for (j = i; j > 0 && x[j - 1] > x[j]; j--) { t = x[j]; x[j] = x[j - 1]; x[j - 1] = t }
             m = n % 2 ? x[int(n / 2)] : (x[n / 2 - 1] + x[n / 2]) / 2
@@ -389,14 +410,15 @@ done
         echo
         echo "Compute under the engine, and the prompt (Guanaco runs):"
         echo
-        echo "| budget | variant | stall ms/token | simulated stall ms/token | outside stall ms/token | x warm compute | prompt MB read | prompt stall ms/token | prompt tok/s | prompt limit tok/s | % of prompt limit | engine GB/s decode / prompt | direct map / evict CPU-s per GB | simulated prompt tok/s | prompt sim error |"
-        echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        echo "| budget | variant | stall ms/token | simulated stall ms/token | outside stall ms/token | x warm compute | x warm, paired per rep | prompt MB read | prompt stall ms/token | prompt tok/s | prompt limit tok/s | % of prompt limit | engine GB/s decode / prompt | direct map / evict CPU-s per GB | simulated prompt tok/s | prompt sim error |"
+        echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         for b in $budgets; do
             for v in $guanaco_variants; do
                 read -r _ _ _ n <<<"$(stat_of "$b" "$v" tg_ts)"
                 [ "$n" = 0 ] && continue
                 read -r stall smin smax sn <<<"$(stat_of "$b" "$v" stall_ms_per_token)"
                 read -r out omin omax on <<<"$(stat_of "$b" "$v" outside_ms)"
+                read -r xp xpmin xpmax xpn <<<"$(paired_outside "$b" "$v")"
                 read -r pbytes _ <<<"$(stat_of "$b" "$v" prompt_read_bytes)"
                 read -r pstall _ <<<"$(stat_of "$b" "$v" prompt_stall_ms_per_token)"
                 read -r pp ppmin ppmax ppn <<<"$(stat_of "$b" "$v" pp_ts)"
@@ -418,9 +440,9 @@ done
                 [ -n "${sstall:-}" ] && [ "$sstall" != - ] && sstall=$(fmt 1 1 "$sstall")
                 perr=$(sim_error "${psim%% *}" "$pp")
                 [ "${psim%% *}" != - ] && psim=$(fmt 1 2 "$psim")
-                printf '| %s%% | %s | %s%s | %s | %s%s | %s | %s | %s | %s%s | %s | %s | %s / %s | %s / %s | %s | %s |\n' "$b" "$v" \
+                printf '| %s%% | %s | %s%s | %s | %s%s | %s | %s%s | %s | %s | %s%s | %s | %s | %s / %s | %s / %s | %s | %s |\n' "$b" "$v" \
                     "$stall" "$(range_of 1 raw "$smin" "$smax" "$sn")" "${sstall:--}" "$(fmt 1 1 "$out")" "$(range_of 1 1 "$omin" "$omax" "$on")" \
-                    "$xc" "$(fmt 1e6 0 "$pbytes")" "$pstall" "$pp" "$([ "$pp" != - ] && range_of 1 raw "$ppmin" "$ppmax" "$ppn")" \
+                    "$xc" "$(fmt 1 2 "$xp")" "$(range_of 1 2 "$xpmin" "$xpmax" "$xpn")" "$(fmt 1e6 0 "$pbytes")" "$pstall" "$pp" "$([ "$pp" != - ] && range_of 1 raw "$ppmin" "$ppmax" "$ppn")" \
                     "$plimit" "$ppct" "$dg" "$pg" "${mapc:--}" "${evictc:--}" "${psim:--}" "$perr"
             done
         done
@@ -430,7 +452,8 @@ done
         echo "its tok/s and the live one is this stall's error plus compute under the engine's excess. outside stall:"
         echo "1000 / decode tok/s - stall, per run: the token's time not spent waiting (compute under the engine plus"
         echo "the engine's own work outside the stall). x warm compute: outside stall over warm in-RAM compute per"
-        echo "token; \"!\" above ${FLAG_RATIO}x. prompt MB read: Guanaco's bytes read over the measured prompt's status lines"
+        echo "token; \"!\" above ${FLAG_RATIO}x. x warm, paired per rep: each rep's outside stall over the same rep's warm ram"
+        echo "time per token, median [min-max] (drift between reps divides out). prompt MB read: Guanaco's bytes read over the measured prompt's status lines"
         echo "(one per ubatch of 512; '-' unless they add up to exactly the prompt). prompt limit: prompt tokens /"
         echo "max(prompt bytes / fio bandwidth, prompt tokens / warm ram prompt tok/s); '-' without the prompt's bytes or"
         echo "a warm ram prompt rate. engine GB/s: bytes over read time in the status lines of the measured decode and"

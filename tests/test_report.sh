@@ -6,7 +6,8 @@
 # names (a simulated figure comes out), that a page-cache cell gets none,
 # that the warm reference's PMD-mapped bytes are stated, and that the replay's
 # compute is the 100% guanaco run's time outside the stall where that run read
-# nothing (else warm compute).
+# nothing (else warm compute), and the time outside the stall over warm compute
+# paired per rep.
 # Env: MKMODEL, WORKDIR. Uses the build's guanaco-sim, as report.sh does.
 set -u
 : "${MKMODEL:?}" "${WORKDIR:?}"
@@ -100,4 +101,17 @@ grep -q "the simulator's decode compute per token: 100.0 ms (warm in-RAM compute
 check "a 100% run that read is not taken as compute" $? "$(grep -m2 'compute per token' "$W/report.md")"
 [ "$(sim_of)" = "$warm_sim" ]
 check "and the replay is the warm one's" $? "$(sim_of) against $warm_sim"
+
+# Outside the stall over warm compute, paired per rep: rep 1's ram run takes 100 ms per token and its guanaco run
+# 1000 / 2 - 30 = 470 ms outside the stall (4.70); rep 2's 200 and 1000 / 4 - 30 = 220 (1.10). Paired: median 2.90
+# [1.10-4.70]. Unpaired, the median 345 ms over 1000 / the ram runs' median 7.5 tok/s (133.3 ms): 2.59.
+cp "$W/runs-warm.csv" "$W/runs.csv"
+echo "100,ram,2,1000000000,5.0,,0,1000,,,,,,,,1000,100.0,0,5000000000" >>"$W/runs.csv"
+echo "25,guanaco,2,1000000000,4.0,,1000,1000,50.0,0.15,2.00,53687091,30.0,,,0,0.0,0," >>"$W/runs.csv"
+out=$(report_again)
+check "report.sh runs with two reps" $? "$out"
+paired=$(awk -F' [|] ' '/^\| budget \| variant \| stall ms\/token/ { for (i = 1; i <= NF; i++) c[$i] = i; t = 1; next }
+    /^$/ { t = 0 } t && $2 == "guanaco" { print $c["x warm compute"] "|" $c["x warm, paired per rep"] }' "$W/report.md")
+[ "$paired" = "2.59 !|2.90 [1.10-4.70]" ]
+check "outside the stall over warm compute, unpaired 2.59 and paired per rep 2.90 [1.10-4.70]" $? "$paired"
 finish
