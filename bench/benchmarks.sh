@@ -17,13 +17,15 @@
 #                                    assemble; the other tables keep their last runs
 #
 # Knobs (environment): BENCH_DIR (models and runs, default build/bench), BENCH_REPS (default 3, every table),
-# BENCH_TOKENS (decode tokens per run, default 16).
+# BENCH_TOKENS (decode tokens per run, default 16), BENCH_READ_CAP (GB/s: every live table caps its reads there,
+# side_by_side.sh --read-cap; unset, no cap).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN="$ROOT/build/cmake/bin"
 DIR=${BENCH_DIR:-$ROOT/build/bench}
 REPS=${BENCH_REPS:-3} # issue 8 asks for medians of 3; the simulator missed mostly on 1- and 2-rep cells
 TOKENS=${BENCH_TOKENS:-16}
+READ_CAP=${BENCH_READ_CAP:-}
 SHARED=${SHARED_DIR:-$ROOT/../shared}
 export GUANACO_VOCAB_DIR="$ROOT/build/llama.cpp/models"
 # What BENCHMARKS.md and the README's table are assembled from: every table's last report, committed, so that a
@@ -79,11 +81,12 @@ mixtral_compute_ms() {
     GUANACO_LOG=0 "$BIN/llama-bench" -m "$MIXTRAL_8L" -p 0 -n "$TOKENS" -r 5 -nr -o json >"$DIR/mixtral-8L-ram.json"
     jq -r '[.[0].samples_ts[]] | sort | .[length / 2 | floor] | 4 * 1000 / . | floor' "$DIR/mixtral-8L-ram.json"
 }
+side_by_side() { bash "$ROOT/bench/side_by_side.sh" "$@" ${READ_CAP:+--read-cap "$READ_CAP"}; }
 mixtral_table() { # mixtral_table SIDE_BY_SIDE_ARGS...: one Mixtral table, with a warm reference measured just before
     local ms
     ms=$(mixtral_compute_ms)
     [[ $ms =~ ^[0-9]+$ ]] || { echo "benchmarks: no warm reference from $MIXTRAL_8L" >&2; exit 1; }
-    bash "$ROOT/bench/side_by_side.sh" "$@" --compute-ms "$ms"
+    side_by_side "$@" --compute-ms "$ms"
 }
 
 if [ "${1:-}" != --assemble ]; then
@@ -108,16 +111,16 @@ if [ "${1:-}" != --assemble ]; then
     # ---- live: side by side ----
     # the pipeline first (issue 8's targets): prefetch none against pilot, prompt and decode, replayed and own
     # routing; a run cut short then still holds them
-    table qwen3-24-pipeline && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --replay "$QWEN24_PRESET" --budgets 25 \
+    table qwen3-24-pipeline && side_by_side --model "$QWEN24" --replay "$QWEN24_PRESET" --budgets 25 \
         --variants "ram plain guanaco+prefetch=none guanaco+prefetch=pilot" --tokens 32 --prompt 256 --reps 3 \
         --out "$DIR/qwen3-24-pipeline" --title "Qwen3-30B-A3B shape, 24 layers, Q8_0, replayed Qwen3 preset routing, 25%: prefetch none against pilot"
-    table qwen3-24-own && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN24" --budgets 25 \
+    table qwen3-24-own && side_by_side --model "$QWEN24" --budgets 25 \
         --variants "ram plain guanaco+prefetch=none guanaco+prefetch=pilot guanaco+prefetch=gate" --tokens 32 --prompt 256 --reps 3 \
         --out "$DIR/qwen3-24-own" --title "Qwen3-30B-A3B shape, 24 layers, Q8_0, the model's own routing, 25%: prefetch none, pilot and gate"
     table mixtral-replay && mixtral_table --model "$MIXTRAL" --replay "${TRACES[0]}" --budgets "10 25 50" \
         --variants "plain guanaco" --tokens "$TOKENS" --prompt 0 --reps "$REPS" \
         --out "$DIR/mixtral-replay" --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing (humaneval)"
-    table qwen3-random && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --budgets "10 25 50 100" --variants "ram plain guanaco" \
+    table qwen3-random && side_by_side --model "$QWEN" --budgets "10 25 50 100" --variants "ram plain guanaco" \
         --tokens "$TOKENS" --prompt 0 --reps "$REPS" --out "$DIR/qwen3-random" \
         --title "Qwen3-30B-A3B shape, Q4_0, llama-bench's routing"
     # Every Qwen table has its own warm ram run, alternating with its Guanaco runs, and takes its warm compute
@@ -125,7 +128,7 @@ if [ "${1:-}" != --assemble ]; then
     # benchmark run (bench/SIMULATOR.md), so a reference borrowed from another table misjudges this one. The
     # simulator's compute comes from a run of Guanaco with every expert resident in the same table (--resident;
     # qwen3-random has it among its budgets): the warm ram run swung 1.2x against it within one table.
-    table qwen3-variants && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 --tokens "$TOKENS" \
+    table qwen3-variants && side_by_side --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 --tokens "$TOKENS" \
         --prompt 32 --reps "$REPS" \
         --variants "ram plain lazy guanaco:layer-lru:direct:io_uring guanaco:layer-lru:page-cache:io_uring guanaco:layer-lru:direct:threads guanaco:lru guanaco:lfu guanaco:guanaco" \
         --resident --out "$DIR/qwen3-variants" --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25% budget: every variant"
@@ -134,14 +137,14 @@ if [ "${1:-}" != --assemble ]; then
         --variants "guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens 8 --prompt 0 --reps "$REPS" \
         --out "$DIR/mixtral-load-ab" \
         --title "Mixtral-8x7B shape, Q4_0, replayed Mixtral routing, 25%: direct against page-cache loading"
-    table qwen3-load-ab && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
+    table qwen3-load-ab && side_by_side --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
         --variants "ram guanaco:layer-lru:direct guanaco:layer-lru:page-cache" --tokens "$TOKENS" --prompt 0 --reps "$REPS" \
         --resident --out "$DIR/qwen3-load-ab" \
         --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: direct against page-cache loading"
     # prefetch off against on (GUANACO_PREFETCH; pilot is the engine's default), alternating. With fixed slots decode
     # reads no guesses, and a ubatch under GUANACO_PROMPT_MIN_TOKENS (33) counts as decode, so only a longer prompt
     # tells the two apart: with 32-token prompts these tables compared identical runs (bench/PIPELINE.md, Dec 6).
-    table qwen3-prefetch-ab && bash "$ROOT/bench/side_by_side.sh" --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
+    table qwen3-prefetch-ab && side_by_side --model "$QWEN" --replay "$QWEN_PRESET" --budgets 25 \
         --variants "ram guanaco+prefetch=none guanaco+prefetch=pilot" --tokens "$TOKENS" --prompt 256 --reps "$REPS" \
         --resident --out "$DIR/qwen3-prefetch-ab" \
         --title "Qwen3-30B-A3B shape, Q4_0, replayed Qwen3 preset routing, 25%: prefetch none against pilot"

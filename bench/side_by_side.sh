@@ -10,7 +10,7 @@
 #   bench/side_by_side.sh --model M.gguf [--replay TRACE] [--budgets "10 25 50 100"]
 #       [--variants "ram plain lazy guanaco"] [--reps N] [--tokens N] [--prompt N]
 #       [--margin-mib N] [--compute-ms X] [--threads N] [--repack] [--resident] [--out DIR] [--title TEXT]
-#       [--report-only]
+#       [--read-cap GBPS] [--report-only]
 # --report-only writes the report of the runs already in --out again, with the same other arguments: it
 # runs nothing, takes fio from the run's samples, and reads the prompt columns from the logs again.
 #
@@ -41,6 +41,10 @@
 #                    Settings come after the script's own GUANACO_STATUS_EVERY=1,
 #                    GUANACO_AUDIT=0 and GUANACO_TRACE_OUT, so they override them (the
 #                    miss, stall and prompt columns need STATUS_EVERY=1).
+# --read-cap GBPS caps every read of the model's disk by this script and its children (fio, cat, every variant) at
+# GBPS GB/s, with cgroup v1's blkio throttle (blkio.throttle.read_bps_device on the disk that holds the model). This
+# VM's disk moved 0.24-3 GB/s within an hour, partly when the host's cache served reads; below the cap the rate no
+# longer depends on that cache, so fio, the limits and the runs agree. A disk slower than the cap still shows.
 # --resident adds, at the end of every rep, one run of the default guanaco at budget 100 (every expert resident,
 # nothing read while decoding): compute under the engine, measured in the same table. The simulator takes its time
 # outside the stall as its compute per token (report.sh) where the warm ram run, plain llama.cpp's page cache, on
@@ -81,7 +85,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN="$ROOT/build/cmake/bin"
 
 MODEL="" REPLAY="" BUDGETS="10 25 50 100" VARIANTS="ram plain lazy guanaco" REPS=1 TOKENS=16 PROMPT=32
-MARGIN_MIB=1536 COMPUTE_MS="" OUT="" TITLE="" THREADS=$(nproc) REPACK=0 RESIDENT=0
+MARGIN_MIB=1536 COMPUTE_MS="" OUT="" TITLE="" THREADS=$(nproc) REPACK=0 RESIDENT=0 READ_CAP=""
 UBATCH=512     # llama-bench's default -ub, passed explicitly: the prompt's status lines come one per ubatch
 WARM_PCT=99    # the ram run must start with at least this much of the model cached
 COLD_PCT=1     # every other run with at most this much
@@ -104,6 +108,7 @@ while [ $# -gt 0 ]; do
     --repack) REPACK=1; shift ;;
     --resident) RESIDENT=1; shift ;;
     --report-only) REPORT_ONLY=1; shift ;;
+    --read-cap) READ_CAP=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
@@ -163,6 +168,30 @@ else
     echo "budget_pct,variant,rep,limit_bytes,tg_ts,pp_ts,read_bytes,max_usage,resident_pct,guanaco_read_gib,guanaco_gbps,\
 miss_bytes_per_token,stall_ms_per_token,prompt_read_bytes,prompt_stall_ms_per_token,cached_before,cached_pct,rc,\
 pmd_mapped_bytes" >"$RUNS"
+fi
+
+# ---- the read cap: this shell joins a blkio cgroup, so every command it starts from here on is throttled ----
+DISK_TEXT_CAP=""
+if [ -n "$READ_CAP" ]; then
+    [[ $READ_CAP =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v c="$READ_CAP" 'BEGIN { exit !(c > 0 && c < 1000) }' ||
+        die "--read-cap takes GB/s, a number above 0 and below 1000, got '$READ_CAP'"
+    # the throttle applies where bios are issued: the whole disk, not a partition
+    CAP_DEV=$(stat -L -c '%Hd:%Ld' "$MODEL")
+    [ -e "/sys/dev/block/$CAP_DEV/partition" ] && CAP_DEV=$(cat "/sys/dev/block/$CAP_DEV/../dev")
+    CAP_BYTES=$(awk -v c="$READ_CAP" 'BEGIN { printf "%.0f", c * 1e9 }')
+    DISK_TEXT_CAP="; **reads capped at $READ_CAP GB/s** (cgroup v1 blkio.throttle.read_bps_device on $CAP_DEV, every run and fio)"
+    if [ "${REPORT_ONLY:-0}" != 1 ]; then
+        BLKIO=/sys/fs/cgroup/blkio
+        [ -w "$BLKIO" ] || die "--read-cap needs cgroup v1 blkio at $BLKIO, writable (root)"
+        CAP_GROUP="$BLKIO/guanaco-read-cap-$$"
+        mkdir "$CAP_GROUP" || die "cannot create $CAP_GROUP"
+        # on exit this shell leaves the group, which can then go: a cgroup with a member cannot be removed
+        trap 'echo $$ > "$BLKIO/cgroup.procs" 2>/dev/null; rmdir "$CAP_GROUP" 2>/dev/null' EXIT
+        echo "$CAP_DEV $CAP_BYTES" >"$CAP_GROUP/blkio.throttle.read_bps_device" ||
+            die "cannot cap reads of $CAP_DEV at $CAP_BYTES bytes/s"
+        echo $$ >"$CAP_GROUP/cgroup.procs" || die "cannot join $CAP_GROUP"
+        echo "side_by_side: reads of $CAP_DEV capped at $READ_CAP GB/s ($CAP_GROUP)"
+    fi
 fi
 
 # ---- the model's split: one lazy load that evaluates a single token ----
@@ -427,7 +456,7 @@ fi
 bash "$ROOT/bench/report.sh" --runs "$RUNS" --model "$MODEL" --out "$OUT" --fio-gbps "$FIO_GBPS" --tokens "$TOKENS" \
     --prompt "$PROMPT" --expert-bytes "$EXPERT_BYTES" --title "${TITLE:-$(basename "$MODEL")}" \
     --machine "$MACHINE" \
-    --disk "$DEVICE, read-ahead $READAHEAD KiB; fio sampled $FIO_BEFORE GB/s before the runs and $FIO_AFTER after, the higher is used$FIO_DOUBT" --margin-mib "$MARGIN_MIB" \
+    --disk "$DEVICE, read-ahead $READAHEAD KiB; fio sampled $FIO_BEFORE GB/s before the runs and $FIO_AFTER after, the higher is used$FIO_DOUBT$DISK_TEXT_CAP" --margin-mib "$MARGIN_MIB" \
     --routing "$([ -n "$REPLAY" ] && echo "replayed $(basename "$REPLAY")" || echo "llama-bench synthetic (random weights)")" \
     ${COMPUTE_MS:+--compute-ms "$COMPUTE_MS"} --repack "$REPACK"
 echo "side_by_side: report in $OUT/report.md"
