@@ -68,6 +68,11 @@ case ${1:-} in
 *) echo "benchmarks: unknown argument '$1' (none, --assemble or --only \"NAME...\")" >&2; exit 2 ;;
 esac
 table() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; } # table NAME: whether this run measures it
+wants() { # wants NAME...: whether this run measures any of the named tables
+    local name
+    for name in "$@"; do table "$name" && return 0; done
+    return 1
+}
 
 # Mixtral's warm in-RAM compute per token, from its 8-layer slice (x 4), measured before each Mixtral table as each
 # Qwen table has its own warm ram runs: a single reading of it, taken as the run began, gave 689 ms per token on Dec 5
@@ -91,15 +96,23 @@ mixtral_table() { # mixtral_table SIDE_BY_SIDE_ARGS...: one Mixtral table, with 
 
 if [ "${1:-}" != --assemble ]; then
     bash "$ROOT/scripts/setup.sh"
-    model "$QWEN" --preset qwen3-30b-a3b --quant Q4_0
-    model "$MIXTRAL" --preset mixtral-8x7b --quant Q4_0
-    model "$MIXTRAL_8L" --preset mixtral-8x7b --quant Q4_0 --n-layer 8
+    # a model only the tables of this run need: the four take 65 GB, and --only one table should not wait for (or
+    # find no disk for) the others' 17-25 GB
+    if wants qwen3-random qwen3-variants qwen3-load-ab qwen3-prefetch-ab overhead; then
+        model "$QWEN" --preset qwen3-30b-a3b --quant Q4_0
+    fi
+    if wants mixtral-replay mixtral-load-ab mixtral-prefetch-ab; then
+        model "$MIXTRAL" --preset mixtral-8x7b --quant Q4_0
+        model "$MIXTRAL_8L" --preset mixtral-8x7b --quant Q4_0 --n-layer 8
+    fi
     for name in humaneval gsm8k; do
         "$BIN/guanaco-trace-convert" "$SHARED/traces/mixtral-8x7b/${name}_2_routing.jsonl" \
             "$DIR/mixtral-$name.trace" --arch llama --n-expert 8 >/dev/null
     done
     "$BIN/guanaco-tracegen" --preset qwen3-30b-a3b -o "$QWEN_PRESET" >"$DIR/qwen3-preset.stats"
-    model "$QWEN24" --preset qwen3-30b-a3b --quant Q8_0 --n-layer 24
+    if wants qwen3-24-pipeline qwen3-24-own warm-start; then
+        model "$QWEN24" --preset qwen3-30b-a3b --quant Q8_0 --n-layer 24
+    fi
     "$BIN/guanaco-tracegen" --preset qwen3-30b-a3b --n-layer 24 -o "$QWEN24_PRESET" >/dev/null
 
     # ---- simulator: miss-ratio curves against Belady ----
