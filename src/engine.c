@@ -74,7 +74,7 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
     }
     guanaco_log_info("%s: %llu tokens, resident %.1f%% of %llu accesses, hot-pinned %.1f%%, %llu loads, "
                      "%.2f GiB read at %.2f GB/s, stall %.1f ms/token (reads %.1f, mapping %.1f of which repacking %.1f, eviction %.1f, read-ahead "
-                     "wait %.1f), %llu evictions, churn %.1f%% "
+                     "wait %.1f, wake-up %.1f), %llu evictions, churn %.1f%% "
                      "(reloaded within %u tokens), read-ahead %.1f MiB issued, %.1f used, %.1f wasted, recall %.1f%%, "
                      "hidden %.1f%% of reads, streamed %.1f MiB (%.1f via the huge mapping, %.1f read direct into the stream "
                      "buffers), loaded %.1f MiB via the huge "
@@ -85,6 +85,7 @@ static void log_residency(const char *what, const struct guanaco_residency_stats
                      per_token(read_ns, tokens), per_token(now->populate_ns - before->populate_ns, tokens),
                      per_token(now->transform_ns - before->transform_ns, tokens), per_token(now->evict_ns - before->evict_ns, tokens),
                      per_token(now->prefetch_wait_ns - before->prefetch_wait_ns, tokens),
+                     per_token(now->settle_wake_ns - before->settle_wake_ns, tokens),
                      (unsigned long long)evictions, percent(churn, evictions), GUANACO_RESIDENCY_CHURN_TOKENS,
                      (double)issued / 1048576.0, (double)used / 1048576.0, (double)wasted / 1048576.0,
                      percent(named, checked), percent(hidden, demand + used),

@@ -316,6 +316,7 @@ struct guanaco_residency {
     unsigned char *expert_state;        /* n_expert: enum expert_state of missing expert i */
     pthread_cond_t expert_settled;
     _Atomic uint32_t settled_count;     /* bumped with each expert_settled broadcast: what settle_expert spins on */
+    uint64_t last_settled_ns;           /* when the last expert_settled broadcast went out */
 };
 
 static uint64_t page_down(const struct guanaco_residency *r, uint64_t x) {
@@ -2949,8 +2950,17 @@ static bool defers(const struct guanaco_residency *r, bool stream) {
  * and, when it waited, the wait as stall.
  */
 static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool from_matmul) {
+    bool slept = false;
     for (;;) {
         if (r->expert_state[i] == EXPERT_SETTLED) {
+            if (slept && from_matmul) {
+                /* The settling thread counted its wait for the disk, not this thread's wake-up after it, and the
+                   layer's end waits for this thread's share all the same: 2.5 ms per token on the gpt-oss shape at
+                   25% with reads capped at 1.0 GB/s (bench/COMPUTE_PARITY.md, Dec 6). */
+                uint64_t lag = guanaco_now_ns() - r->last_settled_ns;
+                r->stats.settle_wake_ns += lag;
+                r->stats.stall_ns += lag;
+            }
             return true;
         }
         if (r->expert_state[i] == EXPERT_SETTLING) {
@@ -2969,6 +2979,7 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
             pthread_mutex_lock(&r->lock);
             if (r->expert_state[i] == EXPERT_SETTLING) {
                 pthread_cond_wait(&r->expert_settled, &r->lock);
+                slept = true;
             }
             continue;
         }
@@ -3008,6 +3019,7 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
         r->stats.populate_ns += guanaco_now_ns() - read_end;
         r->stats.stall_ns += wait && from_matmul ? guanaco_now_ns() - wait_start : 0;
         r->expert_state[i] = EXPERT_SETTLED;
+        r->last_settled_ns = guanaco_now_ns();
         atomic_fetch_add(&r->settled_count, 1);
         pthread_cond_broadcast(&r->expert_settled);
         return true;

@@ -247,6 +247,8 @@ struct guanaco_residency_stats {
     uint64_t prefetch_issued_experts, prefetch_used_experts, prefetch_wasted_experts;
     uint64_t prefetch_issued_bytes, prefetch_used_bytes, prefetch_wasted_bytes, prefetch_hidden_bytes;
     uint64_t prefetch_wait_ns;           /* inside stall_ns: waiting for read-ahead still in flight */
+    uint64_t settle_wake_ns;             /* inside stall_ns: a compute thread that slept on an expert another one
+                                            settled, from the settle to its wake-up */
     uint64_t prefetch_outstanding_bytes; /* read ahead and not yet claimed, now */
     uint64_t prediction_checked, predicted_needed; /* distinct experts of predicted calls, and how many were named */
     uint64_t streamed_bytes;        /* loaded for a streamed call and dropped after it (inside the loads) */
