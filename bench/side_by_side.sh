@@ -143,6 +143,10 @@ variant_parse() {
 }
 
 [ -f "$MODEL" ] || die "--model FILE is required and must exist"
+if [ -n "$READ_CAP" ]; then
+    [[ $READ_CAP =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v c="$READ_CAP" 'BEGIN { exit !(c > 0 && c < 1000) }' ||
+        die "--read-cap takes GB/s, a number above 0 and below 1000, got '$READ_CAP'"
+fi
 [ -z "$REPLAY" ] || [ -f "$REPLAY" ] || die "--replay $REPLAY: no such file"
 for n in $REPS $TOKENS $PROMPT $MARGIN_MIB $BUDGETS; do
     [[ $n =~ ^[0-9]+$ ]] || die "expected whole numbers, got '$n'"
@@ -173,8 +177,6 @@ fi
 # ---- the read cap: this shell joins a blkio cgroup, so every command it starts from here on is throttled ----
 DISK_TEXT_CAP=""
 if [ -n "$READ_CAP" ]; then
-    [[ $READ_CAP =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v c="$READ_CAP" 'BEGIN { exit !(c > 0 && c < 1000) }' ||
-        die "--read-cap takes GB/s, a number above 0 and below 1000, got '$READ_CAP'"
     # the throttle applies where bios are issued: the whole disk, not a partition
     CAP_DEV=$(stat -L -c '%Hd:%Ld' "$MODEL")
     [ -e "/sys/dev/block/$CAP_DEV/partition" ] && CAP_DEV=$(cat "/sys/dev/block/$CAP_DEV/../dev")
