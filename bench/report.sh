@@ -92,6 +92,16 @@ ran() { # ran BUDGET VARIANT: whether the table ran that cell at all (side_by_si
     # cell beside the table's budgets)
     awk -F, -v b="$1" -v v="$2" 'NR > 1 && $1 == b && $2 == v { found = 1; exit } END { exit !found }' "$RUNS"
 }
+# summarize: numbers on stdin, one per line -> "median min max n", or "- - - 0" for none.
+summarize() {
+    awk '{ x[n++] = $1 + 0 }
+        END {
+            if (!n) { print "- - - 0"; exit }
+            for (i = 1; i < n; i++) for (j = i; j > 0 && x[j - 1] > x[j]; j--) { t = x[j]; x[j] = x[j - 1]; x[j - 1] = t }
+            m = n % 2 ? x[int(n / 2)] : (x[n / 2 - 1] + x[n / 2]) / 2
+            print m, x[0], x[n - 1], n
+        }'
+}
 stat_of() { # stat_of BUDGET VARIANT COLUMN [warm]
     awk -F, -v b="$1" -v v="$2" -v col="$3" -v filter="${4:-}" -v warm="$WARM_PCT" '
         NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
@@ -99,15 +109,9 @@ stat_of() { # stat_of BUDGET VARIANT COLUMN [warm]
         filter == "warm" && (!("cached_pct" in c) || $c["cached_pct"] == "" || $c["cached_pct"] + 0 < warm) { next }
         col == "outside_ms" {
             if (!("stall_ms_per_token" in c) || $c["tg_ts"] == "" || $c["tg_ts"] + 0 <= 0 || $c["stall_ms_per_token"] == "") next
-            x[n++] = 1000 / $c["tg_ts"] - $c["stall_ms_per_token"]; next
+            printf "%.17g\n", 1000 / $c["tg_ts"] - $c["stall_ms_per_token"]; next
         }
-        (col in c) && $c[col] != "" { x[n++] = $c[col] + 0 }
-        END {
-            if (!n) { print "- - - 0"; exit }
-            for (i = 1; i < n; i++) for (j = i; j > 0 && x[j - 1] > x[j]; j--) { t = x[j]; x[j] = x[j - 1]; x[j - 1] = t }
-            m = n % 2 ? x[int(n / 2)] : (x[n / 2 - 1] + x[n / 2]) / 2
-            print m, x[0], x[n - 1], n
-        }' "$RUNS"
+        (col in c) && $c[col] != "" { printf "%.17g\n", $c[col] + 0 }' "$RUNS" | summarize
 }
 # The time outside the stall over the warm ram run's time per token of the same rep, per rep: "median min max n".
 # A rep's variants run back to back, so the machine's drift between reps (this VM's warm decode moved 1.4x within
@@ -121,13 +125,7 @@ paired_outside() { # paired_outside BUDGET VARIANT
             next }
         $c["budget_pct"] == b && $c["variant"] == v && ("stall_ms_per_token" in c) && $c["stall_ms_per_token"] != "" {
             out[$c["rep"]] = 1000 / $c["tg_ts"] - $c["stall_ms_per_token"] }
-        END {
-            for (r in out) if (r in ram) x[n++] = out[r] / ram[r]
-            if (!n) { print "- - - 0"; exit }
-            for (i = 1; i < n; i++) for (j = i; j > 0 && x[j - 1] > x[j]; j--) { t = x[j]; x[j] = x[j - 1]; x[j - 1] = t }
-            m = n % 2 ? x[int(n / 2)] : (x[n / 2 - 1] + x[n / 2]) / 2
-            print m, x[0], x[n - 1], n
-        }' "$RUNS"
+        END { for (r in out) if (r in ram) printf "%.17g\n", out[r] / ram[r] }' "$RUNS" | summarize
 }
 fmt() { # fmt SCALE DECIMALS VALUE: VALUE / SCALE, or '-'
     awk -v s="$1" -v d="$2" -v x="$3" 'BEGIN { if (x == "-" || x == "") print "-"; else printf "%." d "f", x / s }'

@@ -174,14 +174,16 @@ miss_bytes_per_token,stall_ms_per_token,prompt_read_bytes,prompt_stall_ms_per_to
 pmd_mapped_bytes" >"$RUNS"
 fi
 
+# The disk that holds the model, as major:minor: a partition's disk, whose sysfs holds the read-ahead and whose
+# queue the read cap throttles (bios are issued there).
+DISK_DEVNUM=$(stat -L -c '%Hd:%Ld' "$MODEL")
+[ -e "/sys/dev/block/$DISK_DEVNUM/partition" ] && DISK_DEVNUM=$(cat "/sys/dev/block/$DISK_DEVNUM/../dev")
+
 # ---- the read cap: this shell joins a blkio cgroup, so every command it starts from here on is throttled ----
 DISK_TEXT_CAP=""
 if [ -n "$READ_CAP" ]; then
-    # the throttle applies where bios are issued: the whole disk, not a partition
-    CAP_DEV=$(stat -L -c '%Hd:%Ld' "$MODEL")
-    [ -e "/sys/dev/block/$CAP_DEV/partition" ] && CAP_DEV=$(cat "/sys/dev/block/$CAP_DEV/../dev")
     CAP_BYTES=$(awk -v c="$READ_CAP" 'BEGIN { printf "%.0f", c * 1e9 }')
-    DISK_TEXT_CAP="; **reads capped at $READ_CAP GB/s** (cgroup v1 blkio.throttle.read_bps_device on $CAP_DEV, every run and fio)"
+    DISK_TEXT_CAP="; **reads capped at $READ_CAP GB/s** (cgroup v1 blkio.throttle.read_bps_device on $DISK_DEVNUM, every run and fio)"
     if [ "${REPORT_ONLY:-0}" != 1 ]; then
         BLKIO=/sys/fs/cgroup/blkio
         [ -w "$BLKIO" ] || die "--read-cap needs cgroup v1 blkio at $BLKIO, writable (root)"
@@ -189,10 +191,10 @@ if [ -n "$READ_CAP" ]; then
         mkdir "$CAP_GROUP" || die "cannot create $CAP_GROUP"
         # on exit this shell leaves the group, which can then go: a cgroup with a member cannot be removed
         trap 'echo $$ > "$BLKIO/cgroup.procs" 2>/dev/null; rmdir "$CAP_GROUP" 2>/dev/null' EXIT
-        echo "$CAP_DEV $CAP_BYTES" >"$CAP_GROUP/blkio.throttle.read_bps_device" ||
-            die "cannot cap reads of $CAP_DEV at $CAP_BYTES bytes/s"
+        echo "$DISK_DEVNUM $CAP_BYTES" >"$CAP_GROUP/blkio.throttle.read_bps_device" ||
+            die "cannot cap reads of $DISK_DEVNUM at $CAP_BYTES bytes/s"
         echo $$ >"$CAP_GROUP/cgroup.procs" || die "cannot join $CAP_GROUP"
-        echo "side_by_side: reads of $CAP_DEV capped at $READ_CAP GB/s ($CAP_GROUP)"
+        echo "side_by_side: reads of $DISK_DEVNUM capped at $READ_CAP GB/s ($CAP_GROUP)"
     fi
 fi
 
@@ -230,9 +232,7 @@ $(awk '/MemTotal/ { printf "%.1f GiB RAM", $2 / 1048576 }' /proc/meminfo), kerne
 DEVICE=$(df --output=source "$MODEL" | tail -1)
 # The device's read-ahead decides how plain llama.cpp's page faults stream the file (8 MiB reads it in 2 MiB
 # page-cache folios); sysfs, as opening the device itself may be refused. A partition reads its disk's.
-DEVNUM=$(stat -L -c '%Hd:%Ld' "$MODEL")
-READAHEAD=$(cat "/sys/dev/block/$DEVNUM/queue/read_ahead_kb" 2>/dev/null ||
-    cat "/sys/dev/block/$DEVNUM/../queue/read_ahead_kb" 2>/dev/null || echo "?")
+READAHEAD=$(cat "/sys/dev/block/$DISK_DEVNUM/queue/read_ahead_kb" 2>/dev/null || echo "?")
 
 model_cached() { fincore --bytes --noheadings --output RES "$MODEL" | tr -d ' '; }
 

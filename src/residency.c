@@ -3016,10 +3016,10 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
             r->stats.load_failures++;
         }
         discard_copies(r, l, r->missing[i], staging);
-        r->stats.populate_ns += guanaco_now_ns() - read_end;
-        r->stats.stall_ns += wait && from_matmul ? guanaco_now_ns() - wait_start : 0;
-        r->expert_state[i] = EXPERT_SETTLED;
         r->last_settled_ns = guanaco_now_ns();
+        r->stats.populate_ns += r->last_settled_ns - read_end;
+        r->stats.stall_ns += wait && from_matmul ? r->last_settled_ns - wait_start : 0;
+        r->expert_state[i] = EXPERT_SETTLED;
         atomic_fetch_add(&r->settled_count, 1);
         pthread_cond_broadcast(&r->expert_settled);
         return true;
