@@ -206,6 +206,7 @@ struct pipeline_run {
     uint32_t n_moe_layers, last_moe_layer;
     uint32_t *missing, *hits, *victim_layers, *victim_experts, *guess;
     uint32_t *ahead_experts;
+    uint8_t *absent; /* n_expert: the guessed layer's experts that are not resident */
     uint8_t *ahead_mark;     /* per expert of the pending layer: 1 = read ahead */
     size_t n_slots;
     struct pipeline_ahead ahead;
@@ -250,30 +251,25 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
     if (next == UINT32_MAX || trace->expert_bytes[next] == 0) {
         return 0;
     }
-    size_t n = 0, n_read = 0;
-    size_t distinct = trace->request_start[r + 1] - trace->request_start[r];
-    const bool whole_layer =
-        guanaco_predictor_reads_whole_next_layer(run->predictor, layer, distinct, (uint32_t)n_rows);
-    if (guanaco_read_ahead_is_prompt(distinct, trace->n_expert)) {
-        for (uint32_t e = 0; whole_layer && e < trace->n_expert; e++) {
-            run->guess[n++] = e;
-        }
-        n_read = n;
-    } else {
-        n = guanaco_predictor_predict(run->predictor, layer, ids, rows->top_k, (uint32_t)n_rows, run->guess,
-                                      trace->n_expert);
-        for (; n_read < n; n_read++) {
-            if (!guanaco_policy_is_resident(run->policy, next, run->guess[n_read]) &&
-                guanaco_predictor_probability(run->predictor, n_read, n) < GUANACO_READ_AHEAD_SURE_PROBABILITY) {
-                break;
-            }
-        }
+    for (uint32_t e = 0; e < trace->n_expert; e++) {
+        run->absent[e] = !guanaco_policy_is_resident(run->policy, next, e);
     }
+    const struct guanaco_read_ahead_call call = {
+        .layer = layer,
+        .ids = ids,
+        .k = rows->top_k,
+        .n_tokens = (uint32_t)n_rows,
+        .distinct = trace->request_start[r + 1] - trace->request_start[r],
+        .absent = run->absent,
+        .prompts_read_ahead = !run->config->load_direct || run->config->stream_prompts, /* as the engine */
+    };
+    size_t n_read = 0;
+    (void)guanaco_read_ahead_choose(run->predictor, &call, run->guess, trace->n_expert, &n_read);
     /* what is not resident, within the engine's read-ahead allowance */
     const uint64_t expert_bytes = trace->expert_bytes[next], allowance = guanaco_read_ahead_allowance(run->budget);
     size_t wanted = 0;
     for (size_t i = 0; i < n_read; i++) {
-        if (!guanaco_policy_is_resident(run->policy, next, run->guess[i]) && (wanted + 1) * expert_bytes <= allowance) {
+        if (run->absent[run->guess[i]] && (wanted + 1) * expert_bytes <= allowance) {
             run->ahead_experts[wanted++] = run->guess[i];
         }
     }
@@ -384,11 +380,12 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
     run.stream_ahead = calloc(trace->n_layer, sizeof(*run.stream_ahead));
     run.guess = malloc(trace->n_expert * sizeof(*run.guess));
     run.ahead_experts = malloc(trace->n_expert * sizeof(*run.ahead_experts));
+    run.absent = malloc(trace->n_expert);
     run.ahead_mark = calloc(trace->n_expert, 1);
     run.victim_layers = malloc(run.n_slots * sizeof(*run.victim_layers));
     run.victim_experts = malloc(run.n_slots * sizeof(*run.victim_experts));
     if (err == 0 && (!run.missing || !run.hits || !run.stream_ahead || !run.guess || !run.ahead_experts ||
-                     !run.ahead_mark || !run.victim_layers || !run.victim_experts)) {
+                     !run.absent || !run.ahead_mark || !run.victim_layers || !run.victim_experts)) {
         err = -ENOMEM;
     }
     if (err == 0 && preload) {
@@ -541,6 +538,7 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
     free(run.stream_ahead);
     free(run.guess);
     free(run.ahead_experts);
+    free(run.absent);
     free(run.ahead_mark);
     free(run.victim_layers);
     free(run.victim_experts);

@@ -156,9 +156,8 @@ int guanaco_simulate(const struct guanaco_request_trace *trace, const struct gua
  * against the warm page cache's large folios).
  */
 
-/* The engine's read-ahead rules are the runtime's (predictor.h: guanaco_read_ahead_is_prompt,
-   guanaco_predictor_reads_whole_next_layer and GUANACO_READ_AHEAD_SURE_PROBABILITY); the replay below applies
-   the same ones. */
+/* The engine's read-ahead rule is the runtime's (predictor.h: guanaco_read_ahead_choose); the replay below calls
+   it. */
 
 struct guanaco_layer_reads {
     double compute_seconds;     /* this layer's compute */
@@ -242,9 +241,10 @@ struct guanaco_pipeline_stats {
  * engine's order: the policy serves the layer (read-ahead for it that it
  * needs counts as read ahead, the rest of its misses as demand); the
  * predictor learns the transition from the pass's previous MoE layer (same
- * number of rows) and guesses the next MoE layer (a prompt: all of it; else
- * the leading guesses that are resident or at least
- * GUANACO_READ_AHEAD_SURE_PROBABILITY likely); the guesses not resident are
+ * number of rows) and chooses what to read of the next MoE layer
+ * (guanaco_read_ahead_choose: all of it after a prompt's call where it is
+ * wide, else the leading guesses that are resident or likely enough); the
+ * guesses not resident are
  * read ahead within half the budget, the policy making room as the engine's
  * does (guanaco_policy_set_reserve, never evicting this layer). Read-ahead
  * that the next request does not use is counted as read and dropped. With

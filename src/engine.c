@@ -583,47 +583,27 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
                 distinct++;
             }
         }
-        size_t n = 0, n_read = 0;
-        const bool whole_layer = guanaco_predictor_reads_whole_next_layer(engine->predictor, (uint32_t)layer,
-                                                                          distinct, (uint32_t)n_tokens);
-        if (guanaco_read_ahead_is_prompt(distinct, n_expert)) {
-            /* a prompt: the next layer will need nearly all its experts too, read in file order. Not with
-               DIRECT loading that does not stream prompts: its copies would enter the resident set, and the room
-               they need, up to half the budget, would evict what decoding keeps (256-token prompts at 25%, replayed
-               routing: 32.9% of the run's accesses hit against 36.9% without, decode 2.8-3.2 against 3.4-3.6
-               tok/s; bench/PIPELINE.md). Nor where the next layer's last prompt call used under 3/4 of its
-               experts (skewed routing): all of them wasted a third of the read-ahead and filled its buffer, which
-               at a tight limit took the non-expert weights' page cache (own routing at 25%: pilot against none
-               0.85x on 256-token prompts and 0.86x in decode after them, level with 0.5 GB more room; Dec 5,
-               bench/PIPELINE.md). That layer's own call reads what it needs. */
-            for (uint32_t e = 0; engine->prompt_read_ahead && whole_layer && e < n_expert; e++) {
-                engine->predicted[n++] = e;
-            }
-            n_read = n;
-        } else {
-            if (next_scores) {
-                for (uint32_t e = 0; e < n_expert; e++) {
-                    engine->predictor_absent[e] = !guanaco_residency_is_resident(engine->residency, next, e);
-                }
-                n = guanaco_predictor_predict_scores(engine->predictor, (uint32_t)layer, next_scores,
-                                                     (uint32_t)n_tokens, engine->predictor_absent, engine->predicted,
-                                                     n_expert);
-            }
-            if (n == 0) {
-                n = guanaco_predictor_predict(engine->predictor, (uint32_t)layer, ids, (uint32_t)k,
-                                              (uint32_t)n_tokens, engine->predicted, n_expert);
-            }
-            /* A wrong guess costs more than disk time: the kernel's page-cache work for it runs on the cores
-               the layers compute on. Filling the disk's idle time with the pilot's best guesses made decode
-               15% slower on 2 cores (measured while reads still copied; not measured again since). So a guess
-               is read only when it is likely enough to pay. */
-            for (; n_read < n; n_read++) {
-                if (!guanaco_residency_is_resident(engine->residency, next, engine->predicted[n_read]) &&
-                    guanaco_predictor_probability(engine->predictor, n_read, n) < GUANACO_READ_AHEAD_SURE_PROBABILITY) {
-                    break;
-                }
-            }
-        }
+        guanaco_residency_mark_absent(engine->residency, next, engine->predictor_absent);
+        /* Not with DIRECT loading that does not stream prompts (prompts_read_ahead false): its copies would enter
+           the resident set, and the room they need, up to half the budget, would evict what decoding keeps
+           (256-token prompts at 25%, replayed routing: 32.9% of the run's accesses hit against 36.9% without,
+           decode 2.8-3.2 against 3.4-3.6 tok/s; bench/PIPELINE.md). Nor a whole layer where the next layer's
+           last prompt call used under 3/4 of its experts (skewed routing): all of them wasted a third of the
+           read-ahead and filled its buffer, which at a tight limit took the non-expert weights' page cache (own
+           routing at 25%: pilot against none 0.85x on 256-token prompts and 0.86x in decode after them, level
+           with 0.5 GB more room; Dec 5, bench/PIPELINE.md). That layer gets the predictor's guess instead. */
+        const struct guanaco_read_ahead_call call = {
+            .layer = (uint32_t)layer,
+            .ids = ids,
+            .k = (uint32_t)k,
+            .n_tokens = (uint32_t)n_tokens,
+            .distinct = distinct,
+            .scores = next_scores,
+            .absent = engine->predictor_absent,
+            .prompts_read_ahead = engine->prompt_read_ahead,
+        };
+        size_t n_read = 0;
+        size_t n = guanaco_read_ahead_choose(engine->predictor, &call, engine->predicted, n_expert, &n_read);
         /* under the lock: the guess lives in the engine's scratch */
         (void)guanaco_residency_prefetch(engine->residency, next, engine->predicted, n, n_read, (uint32_t)layer,
                                          token);

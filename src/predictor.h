@@ -135,6 +135,28 @@ bool guanaco_read_ahead_is_prompt(size_t distinct_experts, uint32_t n_expert);
 bool guanaco_predictor_reads_whole_next_layer(struct guanaco_predictor *p, uint32_t layer, size_t distinct,
                                               uint32_t n_tokens);
 
+/* One MoE call, as the read-ahead rule sees it. */
+struct guanaco_read_ahead_call {
+    uint32_t layer;          /* the layer that just routed */
+    const int32_t *ids;      /* its n_tokens x k expert ids */
+    uint32_t k, n_tokens;
+    size_t distinct;         /* distinct experts among ids */
+    const float *scores;     /* the next MoE layer's router scores for these tokens (gate), or NULL */
+    const uint8_t *absent;   /* n_expert flags: the next MoE layer's experts that are not resident */
+    bool prompts_read_ahead; /* false: a prompt's call reads nothing ahead (direct loading that does not stream) */
+};
+
+/*
+ * The read-ahead rule, the engine's and guanaco-sim's: which experts of the next MoE layer after call->layer to
+ * name (out, most likely first, at most capacity; the count is returned) and how many of the first ones to read
+ * (*n_read). A prompt's call reads the whole next layer when guanaco_predictor_reads_whole_next_layer says so;
+ * otherwise the predictor guesses (from the scores where it can), and a guess is read while it is resident
+ * already or at least GUANACO_READ_AHEAD_SURE_PROBABILITY likely. The second branch serves a prompt too when
+ * the next layer is narrow: its guess names what some of the prompt's tokens will probably need.
+ */
+size_t guanaco_read_ahead_choose(struct guanaco_predictor *p, const struct guanaco_read_ahead_call *call,
+                                 uint32_t *out, size_t capacity, size_t *n_read);
+
 /* The next MoE layer after `layer`, or UINT32_MAX when there is none. */
 uint32_t guanaco_predictor_next_layer(const struct guanaco_predictor *p, uint32_t layer);
 

@@ -3473,6 +3473,15 @@ bool guanaco_residency_is_resident(const struct guanaco_residency *r, uint32_t l
     return resident;
 }
 
+void guanaco_residency_mark_absent(const struct guanaco_residency *r, uint32_t layer, uint8_t *absent) {
+    struct guanaco_residency *m = (struct guanaco_residency *)r;
+    pthread_mutex_lock(&m->lock);
+    for (uint32_t e = 0; e < r->n_expert; e++) {
+        absent[e] = layer >= r->n_layer || !guanaco_policy_is_resident(r->policy, layer, e);
+    }
+    pthread_mutex_unlock(&m->lock);
+}
+
 struct address_range {
     uintptr_t start, end;
 };

@@ -359,6 +359,8 @@ bool guanaco_residency_holds_every_expert(const struct guanaco_residency *r);
 
 /* Whether (layer, expert) is resident in the accounting; false when out of range. */
 bool guanaco_residency_is_resident(const struct guanaco_residency *r, uint32_t layer, uint32_t expert);
+/* absent[e] = 1 for each expert e of `layer` that is not resident (n_expert flags; all 1 for a bad layer). */
+void guanaco_residency_mark_absent(const struct guanaco_residency *r, uint32_t layer, uint8_t *absent);
 
 /*
  * mincore over every expert tensor's mapped range (rounded outward to pages,
