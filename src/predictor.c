@@ -208,9 +208,9 @@ size_t guanaco_read_ahead_choose(struct guanaco_predictor *p, const struct guana
         return 0;
     }
     const bool whole_layer = guanaco_predictor_reads_whole_next_layer(p, call->layer, call->distinct, call->n_tokens);
-    if (guanaco_read_ahead_is_prompt(call->distinct, p->n_expert) && (whole_layer || !call->prompts_read_ahead)) {
+    if (guanaco_read_ahead_is_prompt(call->distinct, p->n_expert)) {
         size_t n = 0;
-        for (uint32_t e = 0; call->prompts_read_ahead && e < p->n_expert && n < capacity; e++) {
+        for (uint32_t e = 0; call->prompts_read_ahead && whole_layer && e < p->n_expert && n < capacity; e++) {
             out[n++] = e;
         }
         *n_read = n;

@@ -1,11 +1,9 @@
 /*
  * predictor_pilot.c - owns the pilot predictor: for each MoE layer L and the
  * next MoE layer L', a decayed count of how often a token routed to expert f
- * at L went on to expert e at L'. A token's guess for L' averages, over its
- * experts f at L, the learnt P(e | f), and keeps the most likely experts
- * until they carry the asked share of the k routed slots; a ubatch of
- * several tokens names every expert one of them may need, with the chance
- * that one does.
+ * at L went on to expert e at L'. A guess for L' averages, over the ubatch's
+ * tokens and their experts f at L, the learnt P(e | f), and keeps the most
+ * likely experts until they carry the asked share of the k routed slots.
  *
  * Why counts and not a model: they learn online from the routing the engine
  * sees anyway, need no training data, and cost k*k adds per token; the decay
@@ -54,7 +52,6 @@ struct pilot {
     double *increment;   /* per table: the weight of the next observation */
     double *weight;      /* scratch, n_expert: how much each expert f of the asked layer speaks */
     struct pilot_scored *scored; /* scratch, n_expert */
-    double *token_score;         /* scratch, n_expert: one token's expected share of its slots per expert */
 };
 
 static void pilot_free(void *impl) {
@@ -68,7 +65,6 @@ static void pilot_free(void *impl) {
     free(pilot->increment);
     free(pilot->weight);
     free(pilot->scored);
-    free(pilot->token_score);
     free(pilot);
 }
 
@@ -132,89 +128,16 @@ static int compare_scored(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* Emits the scored experts with a score above 0, most likely first, until they carry `target`. */
-static size_t pilot_emit(struct pilot *pilot, double target, uint32_t *out, size_t capacity) {
-    struct pilot_scored *scored = pilot->scored;
-    size_t n_scored = 0;
-    for (size_t e = 0; e < pilot->n_expert; e++) {
-        if (scored[e].score > 0) {
-            scored[n_scored++] = scored[e];
-        }
-    }
-    qsort(scored, n_scored, sizeof(*scored), compare_scored);
-    double carried = 0;
-    size_t emitted = 0;
-    while (emitted < n_scored && emitted < capacity && carried < target) {
-        carried += scored[emitted].score;
-        out[emitted] = scored[emitted].id;
-        emitted++;
-    }
-    return emitted;
-}
-
-/*
- * A ubatch of several tokens (a prompt, or parallel decodes) needs e unless none of its tokens does: each
- * token's share of its slots that goes to e is its chance of needing e, and the guess's probability is one
- * minus the product of the chances of not needing it. Every expert some token may need is emitted, with no
- * mass cut: the mass bounds one decoding token's guess, whose wrong reads take disk time from the next token,
- * while a prompt's layer computes for seconds and a probable expert left out is waited for. Averaging the
- * tokens first, as one token's guess does, put each expert's chance at its share of one token's slots: a
- * 256-token prompt at 25% on the model's own routing read 7% of its experts ahead (bench/PIPELINE.md).
- */
-static size_t pilot_predict_ubatch(struct pilot *pilot, uint32_t t, const int32_t *ids, uint32_t k,
-                                   uint32_t n_tokens, uint32_t *out, size_t capacity) {
-    size_t n = pilot->n_expert;
-    const double *row_sum = pilot->row_sum + (size_t)t * n;
-    double *need_none = pilot->weight; /* the chance that no token so far needs e */
-    for (size_t e = 0; e < n; e++) {
-        need_none[e] = 1;
-    }
-    uint32_t known_rows = 0;
-    for (size_t row = 0; row < n_tokens; row++) {
-        const int32_t *from = ids + row * k;
-        uint32_t known = 0;
-        for (uint32_t i = 0; i < k; i++) {
-            known += from[i] >= 0 && (uint32_t)from[i] < n && row_sum[from[i]] > 0;
-        }
-        if (known == 0) {
-            continue;
-        }
-        known_rows++;
-        memset(pilot->token_score, 0, n * sizeof(*pilot->token_score));
-        for (uint32_t i = 0; i < k; i++) {
-            if (from[i] < 0 || (uint32_t)from[i] >= n || row_sum[from[i]] <= 0) {
-                continue;
-            }
-            const float *counts = pilot->count + ((size_t)t * n + (size_t)from[i]) * n;
-            double scale = (double)k / (known * row_sum[from[i]]);
-            for (size_t e = 0; e < n; e++) {
-                pilot->token_score[e] += counts[e] * scale;
-            }
-        }
-        for (size_t e = 0; e < n; e++) {
-            need_none[e] *= 1 - fmin(pilot->token_score[e], 1.0);
-        }
-    }
-    if (known_rows == 0) {
-        return 0;
-    }
-    for (size_t e = 0; e < n; e++) {
-        pilot->scored[e] = (struct pilot_scored){1 - need_none[e], (uint32_t)e};
-    }
-    return pilot_emit(pilot, INFINITY, out, capacity);
-}
-
 static size_t pilot_predict(void *impl, uint32_t layer, const int32_t *ids, uint32_t k, uint32_t n_tokens,
                             uint32_t *out, size_t capacity) {
     struct pilot *pilot = impl;
     uint32_t t = pilot->table[layer];
-    if (n_tokens > 1) {
-        return pilot_predict_ubatch(pilot, t, ids, k, n_tokens, out, capacity);
-    }
     size_t n = pilot->n_expert;
     const double *row_sum = pilot->row_sum + (size_t)t * n;
-    /* The token's weight is shared evenly among its experts that have been seen leading somewhere: the score
-       of e is then the expected share of the token's k slots at the next layer that go to e. */
+    /* Every token weighs the same, shared evenly among its experts that have been seen leading somewhere:
+       the score of e is then the expected share of a token's k slots at the next layer that go to e.
+       Adding up each f's weight first makes the cost one pass over each distinct f's row, however many
+       tokens share it. */
     memset(pilot->weight, 0, n * sizeof(*pilot->weight));
     uint32_t known_rows = 0;
     for (size_t row = 0; row < n_tokens; row++) {
@@ -252,14 +175,27 @@ static size_t pilot_predict(void *impl, uint32_t layer, const int32_t *ids, uint
             scored[e].score += counts[e] * scale;
         }
     }
+    size_t n_scored = 0;
+    for (size_t e = 0; e < n; e++) {
+        if (scored[e].score > 0) {
+            scored[n_scored++] = scored[e];
+        }
+    }
+    qsort(scored, n_scored, sizeof(*scored), compare_scored);
     /* the tolerance keeps a set that carries the whole mass, up to rounding, from taking one more expert */
-    return pilot_emit(pilot, pilot->mass * k * (1 - 1e-9), out, capacity);
+    double target = pilot->mass * k * (1 - 1e-9), carried = 0;
+    size_t emitted = 0;
+    while (emitted < n_scored && emitted < capacity && carried < target) {
+        carried += scored[emitted].score;
+        out[emitted] = scored[emitted].id;
+        emitted++;
+    }
+    return emitted;
 }
 
 static double pilot_probability(void *impl, size_t i) {
     struct pilot *pilot = impl;
-    /* a share of one token's slots is at most one: the chance that one token needs the expert (a ubatch's
-       scores are chances already) */
+    /* a share of one token's slots is at most one: the chance that one token needs the expert */
     double score = pilot->scored[i].score;
     return score < 1 ? score : 1;
 }
@@ -299,9 +235,8 @@ int guanaco_predictor_pilot_create(const struct guanaco_predictor_config *config
     pilot->increment = malloc(tables * sizeof(*pilot->increment));
     pilot->weight = malloc(n * sizeof(*pilot->weight));
     pilot->scored = malloc(n * sizeof(*pilot->scored));
-    pilot->token_score = malloc(n * sizeof(*pilot->token_score));
     if (!pilot->table || !pilot->count || !pilot->row_sum || !pilot->increment || !pilot->weight ||
-        !pilot->scored || !pilot->token_score) {
+        !pilot->scored) {
         pilot_free(pilot);
         return -ENOMEM;
     }
