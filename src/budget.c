@@ -76,15 +76,29 @@ void guanaco_auto_budget(uint64_t memory, const struct guanaco_manifest *m, int6
     out->budget = out->at_floor ? floor : budget;
 }
 
-uint64_t guanaco_stream_buffers_loan(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
-                                     int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes) {
-    /* Spares are given back while a prompt streams, and the non-expert weights' page cache is the slack that
-       page-cache streaming lived in too: beyond the contexts' own buffers, only the fixed part of the margin, for
-       the process's own memory, which nothing else here counts. */
+/* What `memory` leaves for the budget and the stream buffers beside the hot non-expert weights, the contexts'
+   buffers and the process: beyond the contexts' own buffers, only the fixed part of the margin, for the process's
+   own memory, which nothing else here counts; the non-expert weights' page cache is the slack that page-cache
+   streaming lived in too. */
+static uint64_t stream_room(uint64_t memory, uint64_t hot_non_expert_bytes, int64_t context_bytes,
+                            bool contexts_known) {
     uint64_t contexts = !contexts_known ? MARGIN_UNKNOWN_BYTES + (uint64_t)((double)memory * MARGIN_UNKNOWN_SHARE)
                         : (context_bytes > 0 ? (uint64_t)context_bytes : 0) + MARGIN_KNOWN_BYTES;
     uint64_t beside = hot_non_expert_bytes + contexts; /* what the budget cannot lend */
-    uint64_t room = memory > beside ? memory - beside : 0;
+    return memory > beside ? memory - beside : 0;
+}
+
+bool guanaco_stream_buffers_stay(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
+                                 int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes) {
+    return memory &&
+           stream_room(memory, hot_non_expert_bytes, context_bytes, contexts_known) >=
+               budget + guanaco_spare_limit(budget) + buffer_bytes;
+}
+
+uint64_t guanaco_stream_buffers_loan(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
+                                     int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes) {
+    /* spares are given back while a prompt streams */
+    uint64_t room = stream_room(memory, hot_non_expert_bytes, context_bytes, contexts_known);
     if (room >= budget + buffer_bytes) {
         return 0;
     }

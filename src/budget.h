@@ -48,6 +48,15 @@ double guanaco_auto_budget_memory_needed(uint64_t budget, uint64_t non_expert_by
 uint64_t guanaco_stream_buffers_loan(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
                                      int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes);
 
+/* Whether the stream buffers may stay mapped between prompts: they fit in `memory` beside what decode holds, the
+   budget and its spares (guanaco_spare_limit) included, as well as what the loan above counts; false for an
+   unknown memory (0). Spares come back after a prompt, so a rule that left them out kept the buffers with decode
+   at the limit: on the 24-layer Q8_0 shape at 25% in bench/side_by_side.sh's limit (budget + non-expert weights +
+   1.5 GiB), decode ran 70 MB under it, and 0.3 GB more anonymous memory after a prompt (Dec 6) left the
+   non-expert weights 0.8 of their 1.2 GB of page cache: decode read 1.7 GB per token, at 0.7 against 8.2 tok/s. */
+bool guanaco_stream_buffers_stay(uint64_t memory, uint64_t hot_non_expert_bytes, uint64_t budget,
+                                 int64_t context_bytes, bool contexts_known, uint64_t buffer_bytes);
+
 /* The most bytes of evicted copies direct loading keeps for the next reads, beyond the budget: an eighth of
    it, at least 64 MiB. Anonymous memory the kernel cannot reclaim, so --guanaco-ram auto counts it. */
 uint64_t guanaco_spare_limit(uint64_t budget_bytes);

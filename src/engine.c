@@ -372,8 +372,11 @@ static void choose_stream_direct(struct guanaco_engine *engine, bool contexts_kn
                         : guanaco_stream_buffers_loan(engine->process_memory, hot_non_expert, engine->budget_bytes,
                                                       contexts, contexts_known, st.stream_buffer_bytes);
     bool fit = loan != GUANACO_STREAM_BUFFERS_REFUSED;
-    /* beside the budget in the memory this process has, they may as well stay: only where that memory is known */
-    bool keep = fit && loan == 0 && engine->process_memory;
+    /* beside the budget and its spares in the memory this process has, they may as well stay: only where that
+       memory is known */
+    bool keep = fit && loan == 0 &&
+                guanaco_stream_buffers_stay(engine->process_memory, hot_non_expert, engine->budget_bytes, contexts,
+                                            contexts_known, st.stream_buffer_bytes);
     guanaco_residency_set_stream_loan(engine->residency, fit ? loan : 0);
     guanaco_residency_set_stream_keep(engine->residency, keep);
     guanaco_residency_set_stream_direct(engine->residency, fit);
@@ -395,8 +398,8 @@ static void choose_stream_direct(struct guanaco_engine *engine, bool contexts_kn
         }
         guanaco_log_info("prompts stream with O_DIRECT into two layer buffers, %.2f GiB in all %s%s",
                          gib(st.stream_buffer_bytes),
-                         keep ? "from the first prompt on (they fit beside the budget, so they stay mapped between "
-                                "prompts)"
+                         keep ? "from the first prompt on (they fit beside the budget and its spares, so they stay "
+                                "mapped between prompts)"
                               : "while a prompt streams",
                          lent);
     } else {

@@ -582,6 +582,12 @@ static void test_budget(void) {
     CHECK(guanaco_stream_buffers_loan(6 * gib + process, gib, 2 * gib, (int64_t)(2 * gib) + 1, true, 2 * gib) ==
           GUANACO_STREAM_BUFFERS_REFUSED); /* more than half the budget */
     CHECK(guanaco_stream_buffers_loan(gib, 2 * gib, gib, 0, true, 1) == GUANACO_STREAM_BUFFERS_REFUSED);
+    /* staying mapped between prompts takes room for decode's spares too (an eighth of the budget) */
+    CHECK(guanaco_stream_buffers_stay(6 * gib + process + gib / 4, gib, 2 * gib, (int64_t)gib, true, 2 * gib));
+    CHECK(!guanaco_stream_buffers_stay(6 * gib + process + gib / 4 - 1, gib, 2 * gib, (int64_t)gib, true, 2 * gib));
+    CHECK(guanaco_stream_buffers_loan(6 * gib + process + gib / 4 - 1, gib, 2 * gib, (int64_t)gib, true, 2 * gib) ==
+          0); /* a prompt still fits without a loan: its spares go back while it streams */
+    CHECK(!guanaco_stream_buffers_stay(0, gib, 2 * gib, 0, true, 2 * gib)); /* memory unknown */
     /* the preload share: whole experts in proportion to the budget, capped by n_expert and max_per_layer */
     CHECK(guanaco_preload_count(2ull << 30, 8ull << 30, 8, 0) == 2);
     CHECK(guanaco_preload_count(16ull << 30, 8ull << 30, 8, 0) == 8);
