@@ -565,8 +565,8 @@ void guanaco_engine_read_ahead_timed(struct guanaco_engine *engine, int n_tokens
 }
 
 void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
-                               const int32_t *ids, int k, int n_tokens, const float *next_scores, uint64_t token,
-                               bool issue) {
+                               const int32_t *ids, int k, int n_tokens, const float *next_scores, int n_scored,
+                               uint64_t token, bool issue) {
     if (!engine->predictor || k <= 0 || n_tokens <= 0) {
         return;
     }
@@ -602,6 +602,7 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
             .n_tokens = (uint32_t)n_tokens,
             .distinct = distinct,
             .scores = next_scores,
+            .n_scored = next_scores ? (uint32_t)n_scored : 0,
             .absent = engine->predictor_absent,
             .prompts_read_ahead = engine->prompt_read_ahead,
         };

@@ -112,13 +112,14 @@ int guanaco_engine_prepare_layer(struct guanaco_engine *engine, int layer, const
  * what it predicts for the next MoE layer. A ubatch that needs most of the
  * layer (a prompt) reads the whole next layer ahead instead; a decode guess
  * is read only when it is likely enough to pay for itself. `next_scores`
- * (n_tokens x n_expert, or NULL) are the next layer's router scores for
- * these tokens, for the gate predictor. With issue false (the throttle
- * keeps read-ahead off for this ubatch) the predictor only learns.
+ * (n_scored x n_expert, or NULL) are the next layer's router scores for
+ * these tokens or an even sample of n_scored of them, for the gate
+ * predictor. With issue false (the throttle keeps read-ahead off for this
+ * ubatch) the predictor only learns.
  */
 void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, const int32_t *prev_ids, int layer,
-                               const int32_t *ids, int k, int n_tokens, const float *next_scores, uint64_t token,
-                               bool issue);
+                               const int32_t *ids, int k, int n_tokens, const float *next_scores, int n_scored,
+                               uint64_t token, bool issue);
 
 /* Whether a ubatch of n_tokens that starts now reads ahead (issue above), as the throttle says; it keeps
    that answer to its end, and reports its time from its first MoE layer through its last one's stall. */

@@ -164,16 +164,20 @@ static int read_router_ids(struct guanaco_hook *hook, const struct ggml_tensor *
     return 0;
 }
 
-/* gate: the next MoE layer's router applied to this layer's MoE input, or NULL when it cannot be had (the
-   first ubatch, before the next router has been seen; a prompt-sized ubatch; a router it cannot follow). */
+/* gate: the next MoE layer's router applied to this layer's MoE input, *n_scored rows of it, or NULL when it
+   cannot be had (the first ubatch, before the next router has been seen; a router it cannot follow). */
 static const float *next_layer_scores(struct guanaco_hook *hook, const struct ggml_tensor *topk, int layer,
-                                      int n_tokens) {
+                                      int n_tokens, int *n_scored) {
     struct guanaco_engine *engine = hook->engine;
     const struct ggml_tensor *input = guanaco_router_gate_learn(engine->router_gate, layer, topk);
     uint32_t next = guanaco_predictor_next_layer(engine->predictor, (uint32_t)layer);
-    if (!input || next == UINT32_MAX || n_tokens > (int)GUANACO_GATE_MAX_TOKENS) {
+    if (!input || next == UINT32_MAX) {
         return NULL;
     }
+    /* a larger ubatch (a prompt's) is scored on evenly spaced tokens: the hook runs while the compute threads
+       wait, and a prompt's tokens share most of their experts */
+    const int stride = (n_tokens + (int)GUANACO_GATE_MAX_TOKENS - 1) / (int)GUANACO_GATE_MAX_TOKENS;
+    *n_scored = (n_tokens + stride - 1) / stride;
     if (!hook->next_scores) {
         hook->next_scores = malloc((size_t)GUANACO_GATE_MAX_TOKENS * (size_t)engine->manifest.n_expert * sizeof(float));
         if (!hook->next_scores) {
@@ -184,7 +188,7 @@ static const float *next_layer_scores(struct guanaco_hook *hook, const struct gg
              guanaco_router_gate_scratch_bytes(engine->router_gate, input->ne[0])) < 0) {
         return NULL;
     }
-    return guanaco_router_gate_scores(engine->router_gate, (int)next, input, n_tokens, hook->next_scores,
+    return guanaco_router_gate_scores(engine->router_gate, (int)next, input, *n_scored, stride, hook->next_scores,
                                       hook->gate_scratch, hook->gate_scratch_bytes) == 0
                ? hook->next_scores
                : NULL;
@@ -195,11 +199,12 @@ static void read_ahead(struct guanaco_hook *hook, const struct ggml_tensor *topk
     const size_t n_ids = (size_t)k * (size_t)n_tokens;
     bool same_tokens = hook->previous_layer >= 0 && hook->previous_tokens == n_tokens;
     /* off: no router scores either, so that off costs what --guanaco-prefetch none costs */
+    int n_scored = 0;
     const float *scores = hook->engine->router_gate && hook->read_ahead_on
-                              ? next_layer_scores(hook, topk, layer, n_tokens)
+                              ? next_layer_scores(hook, topk, layer, n_tokens, &n_scored)
                               : NULL;
     guanaco_engine_read_ahead(hook->engine, same_tokens ? hook->previous_layer : -1, hook->previous_ids, layer,
-                              hook->ids, k, n_tokens, scores, atomic_load(&hook->engine->tokens_done),
+                              hook->ids, k, n_tokens, scores, n_scored, atomic_load(&hook->engine->tokens_done),
                               hook->read_ahead_on);
     if (grow((void **)&hook->previous_ids, &hook->previous_capacity, n_ids * sizeof(int32_t)) == 0) {
         memcpy(hook->previous_ids, hook->ids, n_ids * sizeof(int32_t));

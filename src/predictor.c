@@ -208,7 +208,8 @@ size_t guanaco_read_ahead_choose(struct guanaco_predictor *p, const struct guana
         return 0;
     }
     const bool whole_layer = guanaco_predictor_reads_whole_next_layer(p, call->layer, call->distinct, call->n_tokens);
-    if (guanaco_read_ahead_is_prompt(call->distinct, p->n_expert)) {
+    const bool prompt = guanaco_read_ahead_is_prompt(call->distinct, p->n_expert);
+    if (prompt && (whole_layer || !call->prompts_read_ahead || !call->scores)) {
         size_t n = 0;
         for (uint32_t e = 0; call->prompts_read_ahead && whole_layer && e < p->n_expert && n < capacity; e++) {
             out[n++] = e;
@@ -216,9 +217,12 @@ size_t guanaco_read_ahead_choose(struct guanaco_predictor *p, const struct guana
         *n_read = n;
         return n;
     }
-    size_t n = call->scores ? guanaco_predictor_predict_scores(p, call->layer, call->scores, call->n_tokens,
+    size_t n = call->scores ? guanaco_predictor_predict_scores(p, call->layer, call->scores, call->n_scored,
                                                                call->absent, out, capacity)
                             : 0;
+    if (n == 0 && prompt) {
+        return 0;
+    }
     if (n == 0) {
         n = guanaco_predictor_predict(p, call->layer, call->ids, call->k, call->n_tokens, out, capacity);
     }

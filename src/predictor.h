@@ -57,7 +57,8 @@ struct guanaco_predictor_config {
 /* gate's defaults. Each token keeps its top k + margin experts; how many of them get read is decided by
    their measured hit rate (guanaco_predictor_probability), so the margin only bounds the candidates. */
 #define GUANACO_GATE_DEFAULT_MARGIN 8u
-/* gate scores at most this many tokens per ubatch: larger ones are prompts, read a whole layer ahead */
+/* gate scores at most this many tokens per ubatch: a larger one (a prompt's) is scored on an even sample of
+   this many, whose guesses are not scored for the calibration (it is per token) */
 #define GUANACO_GATE_MAX_TOKENS 32u
 /* The smallest ubatch that is a prompt's: throttled apart from decode (engine.c), teaching the layers' widths
    (guanaco_predictor_reads_whole_next_layer) and keeping the stream buffers (residency.h, n_expert_used). */
@@ -141,7 +142,8 @@ struct guanaco_read_ahead_call {
     const int32_t *ids;      /* its n_tokens x k expert ids */
     uint32_t k, n_tokens;
     size_t distinct;         /* distinct experts among ids */
-    const float *scores;     /* the next MoE layer's router scores for these tokens (gate), or NULL */
+    const float *scores;     /* the next MoE layer's router scores (gate), or NULL: n_scored rows, for the */
+    uint32_t n_scored;       /* tokens or an even sample of them */
     const uint8_t *absent;   /* n_expert flags: the next MoE layer's experts that are not resident */
     bool prompts_read_ahead; /* false: a prompt's call reads nothing ahead (direct loading that does not stream) */
 };
@@ -149,15 +151,16 @@ struct guanaco_read_ahead_call {
 /*
  * The read-ahead rule, the engine's and guanaco-sim's: which experts of the next MoE layer after call->layer to
  * name (out, most likely first, at most capacity; the count is returned) and how many of the first ones to read
- * (*n_read). A prompt's call reads the whole next layer when guanaco_predictor_reads_whole_next_layer says so,
- * and nothing otherwise; any other call's predictor guesses (from the scores where it can), and a guess is read
- * while it is resident already or at least GUANACO_READ_AHEAD_SURE_PROBABILITY likely.
+ * (*n_read). A prompt's call reads the whole next layer when guanaco_predictor_reads_whole_next_layer says so;
+ * where the next layer is narrow, the router scores' guesses where there are scores (gate), else nothing. Any
+ * other call's predictor guesses (from the scores where it can), and a guess is read while it is resident
+ * already or at least GUANACO_READ_AHEAD_SURE_PROBABILITY likely.
  *
- * A prompt whose next layer is narrow reads nothing ahead because no guess paid: on the 24-layer Q8_0 model's own
- * routing, where a 256-token prompt uses 30-40 of 128 experts in most layers and two prompts share a third of
- * them, pilot's guesses for the whole ubatch (one minus the product of each token's chance of not needing an
- * expert) were 35-37% used at every threshold from 0.5 to 0.999, and 0.7 GiB of wasted copies per prompt at 25%
- * left decode after it at 0.69-0.75 tok/s against 7.7 (bench/PIPELINE.md, Dec 6).
+ * Without scores such a prompt reads nothing ahead, because no guess from the routing alone paid: on the
+ * 24-layer Q8_0 model's own routing, where a 256-token prompt uses 30-40 of 128 experts in most layers and two
+ * prompts share a third of them, pilot's guesses for the whole ubatch (one minus the product of each token's
+ * chance of not needing an expert) were 35-37% used at every threshold from 0.5 to 0.999, and 0.7 GiB of wasted
+ * copies per prompt at 25% left decode after it at 0.69-0.75 tok/s against 7.7 (bench/PIPELINE.md, Dec 6).
  */
 size_t guanaco_read_ahead_choose(struct guanaco_predictor *p, const struct guanaco_read_ahead_call *call,
                                  uint32_t *out, size_t capacity, size_t *n_read);

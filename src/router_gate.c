@@ -266,9 +266,9 @@ static void apply_steps(const struct router *r, int64_t n_expert, float *scores)
 }
 
 int guanaco_router_gate_scores(struct guanaco_router_gate *gate, int layer, const struct ggml_tensor *input,
-                               int n_tokens, float *scores, void *scratch, size_t scratch_bytes) {
-    if (!gate || !input || !scores || layer < 0 || layer >= gate->n_layer || n_tokens <= 0 ||
-        n_tokens > input->ne[1]) {
+                               int n_tokens, int stride, float *scores, void *scratch, size_t scratch_bytes) {
+    if (!gate || !input || !scores || layer < 0 || layer >= gate->n_layer || n_tokens <= 0 || stride <= 0 ||
+        (int64_t)(n_tokens - 1) * stride >= input->ne[1]) {
         return -EINVAL;
     }
     const struct router *r = &gate->routers[layer];
@@ -286,7 +286,7 @@ int guanaco_router_gate_scores(struct guanaco_router_gate *gate, int layer, cons
         return -ENOSPC;
     }
     for (int t = 0; t < n_tokens; t++) {
-        const float *row = (const float *)((const char *)input->data + (size_t)t * input->nb[1]);
+        const float *row = (const float *)((const char *)input->data + (size_t)t * (size_t)stride * input->nb[1]);
         const void *activation = row;
         if (vec_type != GGML_TYPE_F32) {
             ggml_get_type_traits_cpu(vec_type)->from_float(row, scratch, r->n_embd);

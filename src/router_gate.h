@@ -3,7 +3,7 @@
  * for the gate predictor (router_gate.c says how and why).
  *
  *     input = guanaco_router_gate_learn(gate, L, topk_node);   // at ffn_moe_topk-L
- *     if (input && guanaco_router_gate_scores(gate, next, input, n_tokens, scores, scratch, bytes) == 0)
+ *     if (input && guanaco_router_gate_scores(gate, next, input, n_tokens, 1, scores, scratch, bytes) == 0)
  *         ... scores: n_tokens rows of n_expert selection scores of layer `next` ...
  *
  * Thread-safe: several contexts may learn and score at once.
@@ -31,10 +31,11 @@ const struct ggml_tensor *guanaco_router_gate_learn(struct guanaco_router_gate *
 /* Scratch the caller lends guanaco_router_gate_scores for inputs of n_embd values. */
 size_t guanaco_router_gate_scratch_bytes(const struct guanaco_router_gate *gate, int64_t n_embd);
 
-/* Applies `layer`'s learnt router to the first n_tokens rows of input: n_tokens x n_expert selection
-   scores into `scores`. 0; -ENOENT when that router is not learnt yet or cannot be evaluated, -EINVAL,
-   -ENOSPC when the scratch is too small. */
+/* Applies `layer`'s learnt router to n_tokens rows of input, rows 0, stride, 2 * stride, ... (a prompt's
+   ubatch is scored on a sample of its tokens): n_tokens x n_expert selection scores into `scores`. 0; -ENOENT
+   when that router is not learnt yet or cannot be evaluated, -EINVAL (also for rows beyond input's), -ENOSPC
+   when the scratch is too small. */
 int guanaco_router_gate_scores(struct guanaco_router_gate *gate, int layer, const struct ggml_tensor *input,
-                               int n_tokens, float *scores, void *scratch, size_t scratch_bytes);
+                               int n_tokens, int stride, float *scores, void *scratch, size_t scratch_bytes);
 
 #endif

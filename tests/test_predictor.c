@@ -760,6 +760,42 @@ static void test_gate_union(void) {
     guanaco_predictor_free(p);
 }
 
+/* A wide prompt call whose next layer is narrow reads the router scores' likely guesses (gate), scored on a
+   sample of its tokens; without scores, nothing; where the next layer is wide, all of it. */
+static void test_gate_prompt_read_ahead(void) {
+    const uint32_t n = 8, prompt = GUANACO_PROMPT_MIN_TOKENS;
+    struct guanaco_predictor_config config = {.kind = GUANACO_PREDICTOR_GATE, .n_layer = 2, .n_expert = n,
+                                              .top_k = 1, .gate_margin = 1};
+    struct guanaco_predictor *p = NULL;
+    CHECK(guanaco_predictor_create(&config, &p) == 0);
+    if (!p) return;
+    float scores[3 * 8];
+    uint32_t a[2] = {4, 6}, b[2] = {4, 1}, c[2] = {2, 6};
+    gate_scores(scores, n, a, 2);
+    gate_scores(scores + n, n, b, 2);
+    gate_scores(scores + 2 * n, n, c, 2);
+    int32_t ids[GUANACO_PROMPT_MIN_TOKENS];
+    for (uint32_t t = 0; t < prompt; t++) {
+        ids[t] = (int32_t)(t % 6);
+    }
+    uint8_t absent[8];
+    memset(absent, 1, sizeof(absent));
+    uint32_t out[8];
+    size_t n_read = 99;
+    struct guanaco_read_ahead_call call = {.layer = 0, .ids = ids, .k = 1, .n_tokens = prompt, .distinct = 6,
+                                           .scores = scores, .n_scored = 3, .absent = absent,
+                                           .prompts_read_ahead = true};
+    CHECK(guanaco_read_ahead_choose(p, &call, out, n, &n_read) == n && n_read == n); /* layer 1 not known narrow */
+    CHECK(!guanaco_predictor_reads_whole_next_layer(p, 1, 2, prompt));
+    /* before any calibration: a top-1 rank is 0.8 likely, the margin's 0.2; 4 is top for two of the three sampled
+       tokens (0.96), 2 for one (0.8), 6 in the margin of two (0.36), 1 of one (0.2) */
+    size_t got = guanaco_read_ahead_choose(p, &call, out, n, &n_read);
+    CHECK(got == 4 && out[0] == 4 && out[1] == 2 && out[2] == 6 && out[3] == 1 && n_read == 2);
+    call.scores = NULL;
+    CHECK(guanaco_read_ahead_choose(p, &call, out, n, &n_read) == 0 && n_read == 0);
+    guanaco_predictor_free(p);
+}
+
 /* ---- the read-ahead throttle ---- */
 
 /* Runs n ubatches of one token through the throttle, each taking off_ns or on_ns (the first `change_at`,
@@ -947,6 +983,7 @@ int main(void) {
     test_dense_layers();
     test_whole_next_layer();
     test_read_ahead_choose();
+    test_gate_prompt_read_ahead();
     test_mass_and_capacity();
     test_long_run();
     test_gate_scores_rank_and_fallback();

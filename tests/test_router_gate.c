@@ -131,7 +131,7 @@ static void test_chain(enum chain chain, enum ggml_type weight_type, const char 
     size_t scratch_bytes = guanaco_router_gate_scratch_bytes(gate, N_EMBD);
     void *scratch = malloc(scratch_bytes);
     float scores[N_TOKENS * N_EXPERT];
-    CHECK(guanaco_router_gate_scores(gate, 2, input, N_TOKENS, scores, scratch, scratch_bytes) == 0);
+    CHECK(guanaco_router_gate_scores(gate, 2, input, N_TOKENS, 1, scores, scratch, scratch_bytes) == 0);
     double worst = 0;
     bool top_k_agrees = true;
     for (int t = 0; t < N_TOKENS; t++) {
@@ -145,10 +145,17 @@ static void test_chain(enum chain chain, enum ggml_type weight_type, const char 
     printf("%s: largest difference from ggml's selection scores %.2e\n", name, worst);
     CHECK(worst <= tolerance);
     CHECK(top_k_agrees);
+    /* a sample of the rows, every second one: rows 0 and 2, scored as above */
+    float sampled[2 * N_EXPERT];
+    CHECK(guanaco_router_gate_scores(gate, 2, input, 2, 2, sampled, scratch, scratch_bytes) == 0);
+    CHECK(memcmp(sampled, scores, N_EXPERT * sizeof(float)) == 0);
+    CHECK(memcmp(sampled + N_EXPERT, scores + 2 * N_EXPERT, N_EXPERT * sizeof(float)) == 0);
+    CHECK(guanaco_router_gate_scores(gate, 2, input, 2, 3, sampled, scratch, scratch_bytes) == -EINVAL); /* row 3 */
+    CHECK(guanaco_router_gate_scores(gate, 2, input, 1, 0, sampled, scratch, scratch_bytes) == -EINVAL);
     /* a layer whose router was never seen has no scores; bad arguments are refused */
-    CHECK(guanaco_router_gate_scores(gate, 3, input, N_TOKENS, scores, scratch, scratch_bytes) == -ENOENT);
-    CHECK(guanaco_router_gate_scores(gate, 2, input, N_TOKENS + 1, scores, scratch, scratch_bytes) == -EINVAL);
-    CHECK(guanaco_router_gate_scores(gate, 9, input, N_TOKENS, scores, scratch, scratch_bytes) == -EINVAL);
+    CHECK(guanaco_router_gate_scores(gate, 3, input, N_TOKENS, 1, scores, scratch, scratch_bytes) == -ENOENT);
+    CHECK(guanaco_router_gate_scores(gate, 2, input, N_TOKENS + 1, 1, scores, scratch, scratch_bytes) == -EINVAL);
+    CHECK(guanaco_router_gate_scores(gate, 9, input, N_TOKENS, 1, scores, scratch, scratch_bytes) == -EINVAL);
     free(scratch);
     guanaco_router_gate_free(gate);
     ggml_free(g.ctx);
@@ -164,7 +171,7 @@ static void test_refused(enum chain chain, const char *name) {
     CHECK(input == NULL);
     float scores[N_TOKENS * N_EXPERT];
     char scratch[4096];
-    CHECK(guanaco_router_gate_scores(gate, 1, g.input, N_TOKENS, scores, scratch, sizeof(scratch)) == -ENOENT);
+    CHECK(guanaco_router_gate_scores(gate, 1, g.input, N_TOKENS, 1, scores, scratch, sizeof(scratch)) == -ENOENT);
     /* and it stays refused: a second look does not change its mind */
     CHECK(guanaco_router_gate_learn(gate, 1, g.topk) == NULL);
     guanaco_router_gate_free(gate);
