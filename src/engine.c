@@ -594,7 +594,8 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
            last prompt call used under 3/4 of its experts (skewed routing): all of them wasted a third of the
            read-ahead and filled its buffer, which at a tight limit took the non-expert weights' page cache (own
            routing at 25%: pilot against none 0.85x on 256-token prompts and 0.86x in decode after them, level
-           with 0.5 GB more room; Dec 5, bench/PIPELINE.md). That layer's own call reads what it needs. */
+           with 0.5 GB more room; Dec 5, bench/PIPELINE.md). That layer gets gate's guesses where there are
+           router scores; otherwise its own call reads what it needs. */
         const struct guanaco_read_ahead_call call = {
             .layer = (uint32_t)layer,
             .ids = ids,
