@@ -480,6 +480,16 @@ static void test_stream_buffers_through_prompt(const struct model *m, enum guana
     guanaco_residency_get_stats(r, &st);
     CHECK(st.streamed_direct_bytes == streamed); /* read into slots, not streamed */
     CHECK(guanaco_residency_is_resident(r, second, 0) && guanaco_residency_is_resident(r, second, 1));
+    /* the read-ahead's view of the layer agrees, expert by expert; a layer out of range is all absent */
+    uint8_t absent[N_EXPERT];
+    guanaco_residency_mark_absent(r, second, absent);
+    bool agrees = !absent[0] && !absent[1];
+    for (uint32_t e = 0; e < N_EXPERT; e++) {
+        agrees = agrees && absent[e] == !guanaco_residency_is_resident(r, second, e);
+    }
+    CHECK(agrees);
+    guanaco_residency_mark_absent(r, 1000, absent);
+    CHECK(absent[0] && absent[N_EXPERT - 1]);
     CHECK(held && address_mapped(held)); /* kept: not given back and mapped again */
     CHECK(guanaco_residency_prepare_layer(r, third, ids, N_EXPERT, 0) == 0);
     bool served = true;
