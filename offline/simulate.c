@@ -259,7 +259,6 @@ static int pipeline_read_ahead(struct pipeline_run *run, size_t r, double comput
         .ids = ids,
         .k = rows->top_k,
         .n_tokens = (uint32_t)n_rows,
-        .distinct = trace->request_start[r + 1] - trace->request_start[r],
         .absent = run->absent,
         .prompts_read_ahead = !run->config->load_direct || run->config->stream_prompts, /* as the engine */
     };

@@ -497,9 +497,8 @@ static int start_predictor(struct guanaco_engine *engine) {
     uint8_t *moe_layer = calloc((size_t)m->n_layer, 1);
     engine->predicted = calloc((size_t)m->n_expert, sizeof(*engine->predicted));
 
-    engine->predictor_seen = calloc((size_t)m->n_expert, 1);
     engine->predictor_absent = calloc((size_t)m->n_expert, 1);
-    if (!moe_layer || !engine->predicted || !engine->predictor_seen || !engine->predictor_absent) {
+    if (!moe_layer || !engine->predicted || !engine->predictor_absent) {
         free(moe_layer);
         return -ENOMEM;
     }
@@ -578,30 +577,12 @@ void guanaco_engine_read_ahead(struct guanaco_engine *engine, int prev_layer, co
     }
     uint32_t next = guanaco_predictor_next_layer(engine->predictor, (uint32_t)layer);
     if (next != UINT32_MAX && issue) {
-        memset(engine->predictor_seen, 0, n_expert);
-        uint32_t distinct = 0;
-        for (int i = 0; i < k * n_tokens; i++) {
-            if (ids[i] >= 0 && (uint32_t)ids[i] < n_expert && !engine->predictor_seen[ids[i]]) {
-                engine->predictor_seen[ids[i]] = 1;
-                distinct++;
-            }
-        }
         guanaco_residency_mark_absent(engine->residency, next, engine->predictor_absent);
-        /* Not with DIRECT loading that does not stream prompts (prompts_read_ahead false): its copies would enter
-           the resident set, and the room they need, up to half the budget, would evict what decoding keeps
-           (256-token prompts at 25%, replayed routing: 32.9% of the run's accesses hit against 36.9% without,
-           decode 2.8-3.2 against 3.4-3.6 tok/s; bench/PIPELINE.md). Nor a whole layer where the next layer's
-           last prompt call used under 3/4 of its experts (skewed routing): all of them wasted a third of the
-           read-ahead and filled its buffer, which at a tight limit took the non-expert weights' page cache (own
-           routing at 25%: pilot against none 0.85x on 256-token prompts and 0.86x in decode after them, level
-           with 0.5 GB more room; Dec 5, bench/PIPELINE.md). That layer gets gate's guesses where there are
-           router scores; otherwise its own call reads what it needs. */
         const struct guanaco_read_ahead_call call = {
             .layer = (uint32_t)layer,
             .ids = ids,
             .k = (uint32_t)k,
             .n_tokens = (uint32_t)n_tokens,
-            .distinct = distinct,
             .scores = next_scores,
             .n_scored = next_scores ? (uint32_t)n_scored : 0,
             .absent = engine->predictor_absent,
@@ -937,6 +918,10 @@ static int start_residency(struct guanaco_engine *engine, char *const *mapping_b
     } else if (atomic_load(&expert_weights_owner) == engine) {
         atomic_store(&expert_weights_owner, NULL); /* direct loading fell back to the page cache */
     }
+    /* Not with DIRECT loading that does not stream prompts: its copies would enter the resident set, and the room
+       they need, up to half the budget, would evict what decoding keeps (256-token prompts at 25%, replayed
+       routing: 32.9% of the run's accesses hit against 36.9% without, decode 2.8-3.2 against 3.4-3.6 tok/s;
+       bench/PIPELINE.md). */
     engine->prompt_read_ahead = started.load == GUANACO_RESIDENCY_LOAD_PAGE_CACHE || started.stream_prompts;
     /* With fixed slots the decode stall is the disk, and decode's guesses compete with its misses for it: pilot
        against none 0.83, 0.95 and 0.89 on three cells, throttle on (bench/PIPELINE.md, Dec 4). Prompts still gain. */
@@ -1452,7 +1437,6 @@ void guanaco_engine_close(struct guanaco_engine *engine) {
     }
     free(engine->guarded_mappings);
     free(engine->predicted);
-    free(engine->predictor_seen);
     free(engine->predictor_absent);
     for (int s = 0; engine->shard_fds && s < engine->manifest.n_shards; s++) {
         if (engine->shard_fds[s] >= 0) {

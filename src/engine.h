@@ -58,7 +58,6 @@ struct guanaco_engine {
     struct guanaco_predictor *predictor;       /* --guanaco-prefetch, or NULL when there is no read-ahead */
     pthread_mutex_t predictor_lock;            /* the predictor and the scratch arrays below */
     uint32_t *predicted;                       /* n_expert: the guess handed to the residency engine */
-    uint8_t *predictor_seen;                   /* n_expert: distinct ids of the current layer */
     uint8_t *predictor_absent;                 /* n_expert: the next layer's experts not resident, for gate */
     struct guanaco_router_gate *router_gate;   /* --guanaco-prefetch gate: each layer's router, else NULL */
     struct guanaco_read_ahead_throttle throttle[2]; /* decode, prompt ubatches; under predictor_lock */

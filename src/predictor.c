@@ -19,6 +19,7 @@ struct guanaco_predictor {
     uint8_t *moe_layer;   /* n_layer flags, always present: a NULL in the config is expanded here */
     uint32_t *next_layer; /* n_layer: the next MoE layer after each layer, or UINT32_MAX */
     uint8_t *prompt_narrow; /* n_layer: its last prompt-sized call was not guanaco_read_ahead_is_prompt */
+    uint8_t *seen;          /* scratch, n_expert: the ids guanaco_read_ahead_choose has counted */
     const struct guanaco_predictor_ops *ops; /* NULL for NONE */
     void *impl;
 };
@@ -86,7 +87,8 @@ int guanaco_predictor_create(const struct guanaco_predictor_config *config, stru
     p->moe_layer = malloc(config->n_layer * sizeof(*p->moe_layer));
     p->next_layer = malloc(config->n_layer * sizeof(*p->next_layer));
     p->prompt_narrow = calloc(config->n_layer, sizeof(*p->prompt_narrow));
-    if (!p->moe_layer || !p->next_layer || !p->prompt_narrow) {
+    p->seen = malloc(config->n_expert);
+    if (!p->moe_layer || !p->next_layer || !p->prompt_narrow || !p->seen) {
         guanaco_predictor_free(p);
         return -ENOMEM;
     }
@@ -123,6 +125,7 @@ void guanaco_predictor_free(struct guanaco_predictor *p) {
     free(p->moe_layer);
     free(p->next_layer);
     free(p->prompt_narrow);
+    free(p->seen);
     free(p);
 }
 
@@ -207,8 +210,17 @@ size_t guanaco_read_ahead_choose(struct guanaco_predictor *p, const struct guana
     if (!p || !call || !out || capacity == 0 || guanaco_predictor_next_layer(p, call->layer) == UINT32_MAX) {
         return 0;
     }
-    const bool whole_layer = guanaco_predictor_reads_whole_next_layer(p, call->layer, call->distinct, call->n_tokens);
-    const bool prompt = guanaco_read_ahead_is_prompt(call->distinct, p->n_expert);
+    memset(p->seen, 0, p->n_expert);
+    size_t distinct = 0;
+    for (size_t i = 0; i < (size_t)call->k * call->n_tokens; i++) {
+        const int32_t id = call->ids[i];
+        if (id >= 0 && (uint32_t)id < p->n_expert && !p->seen[id]) {
+            p->seen[id] = 1;
+            distinct++;
+        }
+    }
+    const bool whole_layer = guanaco_predictor_reads_whole_next_layer(p, call->layer, distinct, call->n_tokens);
+    const bool prompt = guanaco_read_ahead_is_prompt(distinct, p->n_expert);
     if (prompt && (whole_layer || !call->prompts_read_ahead || !call->scores)) {
         size_t n = 0;
         for (uint32_t e = 0; call->prompts_read_ahead && whole_layer && e < p->n_expert && n < capacity; e++) {

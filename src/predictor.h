@@ -131,7 +131,9 @@ bool guanaco_read_ahead_is_prompt(size_t distinct_experts, uint32_t n_expert);
  * ahead: it is a prompt's (guanaco_read_ahead_is_prompt), and the next layer's last call of at least
  * GUANACO_PROMPT_MIN_TOKENS tokens was one too. Records this layer's width when the call has that many tokens.
  * Routing can be skewed per layer: the model's own at 25% used 90-95% of layer 0's experts in a 256-token
- * ubatch and 70% of layer 1's, so all of layer 1 wasted a third of its read-ahead (bench/PIPELINE.md, Dec 5).
+ * ubatch and 70% of layer 1's, so all of layer 1 wasted a third of its read-ahead and filled its buffer, which at a
+ * tight limit took the non-expert weights' page cache (pilot against none 0.85x on 256-token prompts and 0.86x in
+ * decode after them, level with 0.5 GB more room; bench/PIPELINE.md, Dec 5).
  */
 bool guanaco_predictor_reads_whole_next_layer(struct guanaco_predictor *p, uint32_t layer, size_t distinct,
                                               uint32_t n_tokens);
@@ -141,7 +143,6 @@ struct guanaco_read_ahead_call {
     uint32_t layer;          /* the layer that just routed */
     const int32_t *ids;      /* its n_tokens x k expert ids */
     uint32_t k, n_tokens;
-    size_t distinct;         /* distinct experts among ids */
     const float *scores;     /* the next MoE layer's router scores (gate), or NULL: n_scored rows, for the */
     uint32_t n_scored;       /* tokens or an even sample of them */
     const uint8_t *absent;   /* n_expert flags: the next MoE layer's experts that are not resident */

@@ -480,8 +480,8 @@ static void test_read_ahead_choose(void) {
     memset(absent, 1, sizeof(absent));
     uint32_t out[8];
     size_t n_read = 99;
-    struct guanaco_read_ahead_call decode = {.layer = 0, .ids = &zero, .k = 1, .n_tokens = 1, .distinct = 1,
-                                             .absent = absent, .prompts_read_ahead = true};
+    struct guanaco_read_ahead_call decode = {.layer = 0, .ids = &zero, .k = 1, .n_tokens = 1, .absent = absent,
+                                             .prompts_read_ahead = true};
     /* 1 is 3/4 likely, 2 1/4 */
     CHECK(guanaco_read_ahead_choose(p, &decode, out, n, &n_read) == 2 && out[0] == 1 && out[1] == 2 && n_read == 1);
     absent[2] = 0; /* resident: read on, whatever its chance */
@@ -497,8 +497,8 @@ static void test_read_ahead_choose(void) {
     for (uint32_t t = 0; t < prompt; t++) {
         ids[t] = t + 1 < prompt ? (int32_t)(3 + t % 5) : 0;
     }
-    struct guanaco_read_ahead_call wide = {.layer = 0, .ids = ids, .k = 1, .n_tokens = prompt, .distinct = 6,
-                                           .absent = absent, .prompts_read_ahead = true};
+    struct guanaco_read_ahead_call wide = {.layer = 0, .ids = ids, .k = 1, .n_tokens = prompt, .absent = absent,
+                                           .prompts_read_ahead = true};
     CHECK(guanaco_read_ahead_choose(p, &wide, out, n, &n_read) == n && n_read == n); /* layer 1 not known narrow */
     CHECK(!guanaco_predictor_reads_whole_next_layer(p, 1, 2, prompt));                /* now it is */
     CHECK(guanaco_read_ahead_choose(p, &wide, out, n, &n_read) == 0 && n_read == 0);
@@ -507,7 +507,7 @@ static void test_read_ahead_choose(void) {
     /* a narrow prompt call guesses as decode does: two tokens on 0 lead to 1 (3/4) and 2 (1/4) */
     int32_t on_zero[GUANACO_PROMPT_MIN_TOKENS];
     memset(on_zero, 0, sizeof(on_zero));
-    struct guanaco_read_ahead_call narrow = {.layer = 0, .ids = on_zero, .k = 1, .n_tokens = prompt, .distinct = 1,
+    struct guanaco_read_ahead_call narrow = {.layer = 0, .ids = on_zero, .k = 1, .n_tokens = prompt,
                                              .absent = absent, .prompts_read_ahead = true};
     CHECK(guanaco_read_ahead_choose(p, &narrow, out, n, &n_read) == 2 && out[0] == 1 && n_read == 1);
     wide.prompts_read_ahead = false;
@@ -782,9 +782,8 @@ static void test_gate_prompt_read_ahead(void) {
     memset(absent, 1, sizeof(absent));
     uint32_t out[8];
     size_t n_read = 99;
-    struct guanaco_read_ahead_call call = {.layer = 0, .ids = ids, .k = 1, .n_tokens = prompt, .distinct = 6,
-                                           .scores = scores, .n_scored = 3, .absent = absent,
-                                           .prompts_read_ahead = true};
+    struct guanaco_read_ahead_call call = {.layer = 0, .ids = ids, .k = 1, .n_tokens = prompt, .scores = scores,
+                                           .n_scored = 3, .absent = absent, .prompts_read_ahead = true};
     CHECK(guanaco_read_ahead_choose(p, &call, out, n, &n_read) == n && n_read == n); /* layer 1 not known narrow */
     CHECK(!guanaco_predictor_reads_whole_next_layer(p, 1, 2, prompt));
     /* before any calibration: a top-1 rank is 0.8 likely, the margin's 0.2; 4 is top for two of the three sampled
