@@ -329,6 +329,13 @@ static int check_rows(const struct guanaco_request_trace *trace, const struct gu
     return 0;
 }
 
+const char *guanaco_simulate_predictor_caveat(enum guanaco_predictor_kind predictor) {
+    return predictor == GUANACO_PREDICTOR_GATE
+               ? "replayed as pilot, its fallback: a trace holds no activations to score, so gate's guesses for a "
+                 "prompt's narrow layers are not read"
+               : NULL;
+}
+
 int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const struct guanaco_request_rows *rows,
                               const struct guanaco_policy_config *policy_config, bool preload,
                               const struct guanaco_pipeline_config *config, struct guanaco_pipeline_stats *stats) {

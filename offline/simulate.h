@@ -256,4 +256,9 @@ int guanaco_simulate_pipeline(const struct guanaco_request_trace *trace, const s
                               const struct guanaco_policy_config *policy_config, bool preload,
                               const struct guanaco_pipeline_config *config, struct guanaco_pipeline_stats *stats);
 
+/* How the replay's read-ahead differs from the engine's with `predictor`, for the tools to print beside their
+   figures: NULL where it does not. gate scores live activations, which a trace does not hold, so its replay is
+   pilot's, the fallback it has anyway. */
+const char *guanaco_simulate_predictor_caveat(enum guanaco_predictor_kind predictor);
+
 #endif

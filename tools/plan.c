@@ -726,16 +726,16 @@ static void print_table(const struct plan_options *options, const struct plan_sw
     }
     char margin_rule[32];
     guanaco_auto_budget_margin_rule(false, margin_rule, sizeof(margin_rule));
+    const char *caveat = guanaco_simulate_predictor_caveat(options->predictor);
     printf("\nresident %% = expert accesses served from RAM over %llu tokens, cold start included; RAM needed = "
            "budget + other weights + %s%s (the engine's --guanaco-ram auto rule);\n"
            "tok/s = 1000 / (%.2f ms compute + MB/token read at %.2f GB/s), compute and reads one after the other;\n"
-           "overlapped tok/s = the engine's pipeline with %s read-ahead%s: each MoE layer takes its share of the "
+           "overlapped tok/s = the engine's pipeline with %s read-ahead%s%s%s: each MoE layer takes its share of the "
            "compute plus the reads it still waits for (offline/simulate.h)\n",
            (unsigned long long)n_tokens, margin_rule,
            options->keeps_spares ? " + direct loading's spare copies (an eighth of the budget, at least 64 MiB)" : "",
            speeds->compute_ms, speeds->disk_gbps, guanaco_predictor_kind_name(options->predictor),
-           options->predictor == GUANACO_PREDICTOR_GATE
-               ? " (replayed as pilot, its fallback: a trace holds no activations to score)" : "");
+           caveat ? " (" : "", caveat ? caveat : "", caveat ? ")" : "");
     if (!sweep->all_exact) {
         printf("note: expert sizes differ between layers, so \"optimal\" (farthest next use) is a strong heuristic "
                "there, not a bound\n");

@@ -649,9 +649,9 @@ static void print_pipeline_header(const struct guanaco_pipeline_config *config, 
         printf("          read ahead by %s (mass %g), prompts (3/4 of a layer's experts) the whole next layer\n",
                guanaco_predictor_kind_name(config->predictor),
                config->pilot_mass > 0 ? config->pilot_mass : GUANACO_PILOT_DEFAULT_MASS);
-        if (config->predictor == GUANACO_PREDICTOR_GATE) {
-            printf("          gate replayed as pilot, its fallback: a trace holds no activations to score, so gate's "
-                   "guesses for a prompt's narrow layers are not read\n");
+        const char *caveat = guanaco_simulate_predictor_caveat(config->predictor);
+        if (caveat) {
+            printf("          %s %s\n", guanaco_predictor_kind_name(config->predictor), caveat);
         }
     }
     printf("          disk %.3g GB/s; compute %.4g ms per decode token (%.4g ms per MoE layer), %.4g ms per prompt "
