@@ -374,8 +374,10 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
  * Drops the cached pages of every expert slice that is not resident, which
  * the accounting does not know about: readahead around faults on the weights
  * next to an expert tensor, or reads from before the engine started. The
- * engine calls it at start and once the first token is through. 0 or the
- * first -errno of madvise/fadvise (with a message).
+ * engine calls it at start and at the first ubatch's last MoE layer, before
+ * that layer computes: a layer whose call streamed keeps its pages until the
+ * next call, as streamed layers always do. 0 or the first -errno of
+ * madvise/fadvise (with a message).
  */
 int guanaco_residency_drop_unaccounted(struct guanaco_residency *r);
 

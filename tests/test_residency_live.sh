@@ -235,15 +235,21 @@ if command -v fincore >/dev/null; then
         [ "$peak" -gt 0 ] && [ "$peak" -le "$allowed" ]
         check "$load: page cache of the file peaked at $((peak / 1048576)) MiB <= $((allowed / 1048576)) MiB (non-expert $((non_expert / 1048576)) MiB, read-ahead $ra_kb KiB, file $((size / 1048576)) MiB)" $? \
             "peak $peak > allowed $allowed"
-        # status lines: "RAM: accounted A MiB, mincore M MiB"
-        report=$(grep -o 'RAM: accounted [0-9.]* MiB, mincore [0-9.]* MiB' "$W/mid.$load.log" | awk \
-            -v limit=$(((budget + layer_set + rounding) / 1048576)) -v slack=$((rounding / 1048576)) '
-            { a = $3; m = $6; n++; if (m > peak) peak = m; d = m - a; if (d < 0) d = -d; if (d > worst) worst = d
-              if (m > limit || d > slack) bad++ }
+        # status lines: "... streamed S MiB ... RAM: accounted A MiB, mincore M MiB". A line logged at a prompt's
+        # last layer (its interval streamed) also holds that layer's streamed pages, which its matmuls are about to
+        # read and the next call drops; they are no expert the policy holds, so they may exceed the accounting by
+        # one layer's working set (in page-cache loading: the file's pages; direct loading streams into buffers).
+        report=$(grep 'RAM: accounted' "$W/mid.$load.log" | sed -E \
+            's/.*streamed ([0-9.]+) MiB.*RAM: accounted ([0-9.]+) MiB, mincore ([0-9.]+) MiB.*/\1 \2 \3/' | awk \
+            -v limit=$(((budget + layer_set + rounding) / 1048576)) -v slack=$((rounding / 1048576)) \
+            -v layer=$(((layer_set + 1048575) / 1048576)) '
+            { s = $1; a = $2; m = $3; n++; if (m > peak) peak = m; d = m - a; if (d < 0) d = -d
+              allowed = slack + (s > 0 ? layer : 0); if (d - (s > 0 ? layer : 0) > worst) worst = d - (s > 0 ? layer : 0)
+              if (m > limit || d > allowed) bad++ }
             END { printf "%d %d %.1f %.1f", n, bad, peak, worst }')
         set -- $report
         [ "${1:-0}" -ge 24 ] && [ "${2:-1}" -eq 0 ]
-        check "$load: $1 status lines, mincore peaked at $3 MiB <= $(((budget + layer_set + rounding) / 1048576)) MiB and agreed with the accounting within $4 MiB" $? \
+        check "$load: $1 status lines, mincore peaked at $3 MiB <= $(((budget + layer_set + rounding) / 1048576)) MiB and agreed with the accounting within $4 MiB (beyond a streamed layer)" $? \
             "$(grep 'RAM:' "$W/mid.$load.log" | sort -t, -k4 | tail -2)"
         cmp -s "$W/mid.page-cache.bin" "$W/mid.$load.bin"
         check "$load: same logits as page-cache loading" $? "logits differ"
