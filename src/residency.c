@@ -1505,11 +1505,11 @@ static int drop_free_runs(struct guanaco_residency *r, uint32_t layer) {
  * started. Only the page cache and the page tables are touched, never a
  * DIRECT copy.
  */
-static int drop_unaccounted_locked(struct guanaco_residency *r, uint32_t keep_layer) {
+static int drop_unaccounted_locked(struct guanaco_residency *r) {
     int first_error = 0;
     for (uint32_t layer = 0; layer < r->n_layer; layer++) {
-        if (layer == keep_layer) {
-            continue;
+        if (r->stream && r->stream_pending[layer]) {
+            continue; /* its call streamed and it may not have computed yet: its next call drops these */
         }
         int err = drop_free_runs(r, layer);
         first_error = first_error ? first_error : err;
@@ -1522,19 +1522,11 @@ int guanaco_residency_drop_unaccounted(struct guanaco_residency *r) {
     int deferred_error = finish_deferred(r, true);
     /* The engine drops at the last layer's router, before that layer computes. If its call streamed, the layer
        computes from pages the policy does not hold: dropped now, its matmuls would read them from the disk again,
-       and they would stay cached outside the accounting (a whole layer's working set). They go at the next call,
-       as every streamed layer's do. */
-    const uint32_t computing =
-        r->stream && r->last_layer < r->n_layer && r->stream_pending[r->last_layer] ? r->last_layer : UINT32_MAX;
-    if (computing != UINT32_MAX) {
-        r->stream_pending[computing] = false;
-    }
-    int pending_error = drop_pending(r, true);
-    if (computing != UINT32_MAX) {
-        r->stream_pending[computing] = true;
-    }
+       and they would stay cached outside the accounting (a whole layer's working set). So streamed layers keep
+       their pages here, as in the audit, and lose them at the next call, as always. */
+    int pending_error = drop_pending(r, false);
     pending_error = pending_error ? pending_error : deferred_error;
-    int err = drop_unaccounted_locked(r, computing);
+    int err = drop_unaccounted_locked(r);
     pthread_mutex_unlock(&r->lock);
     return err ? err : pending_error;
 }

@@ -244,8 +244,8 @@ if command -v fincore >/dev/null; then
             -v limit=$(((budget + layer_set + rounding) / 1048576)) -v slack=$((rounding / 1048576)) \
             -v layer=$(((layer_set + 1048575) / 1048576)) '
             { s = $1; a = $2; m = $3; n++; if (m > peak) peak = m; d = m - a; if (d < 0) d = -d
-              allowed = slack + (s > 0 ? layer : 0); if (d - (s > 0 ? layer : 0) > worst) worst = d - (s > 0 ? layer : 0)
-              if (m > limit || d > allowed) bad++ }
+              if (s > 0) d -= layer; if (d > worst) worst = d
+              if (m > limit || d > slack) bad++ }
             END { printf "%d %d %.1f %.1f", n, bad, peak, worst }')
         set -- $report
         [ "${1:-0}" -ge 24 ] && [ "${2:-1}" -eq 0 ]
