@@ -2,7 +2,11 @@
  * residency.c - owns the residency engine behind residency.h: the per-call
  * path (distinct ids, reads of what is missing, populate, policy access,
  * eviction), the edge-page rule for dropping pages, the file-change guard and
- * the audit.
+ * the audit; and, in sections of their own below, what makes the calls
+ * overlap the disk: read-ahead runs for the next layer, a prompt's stream
+ * buffers, and the call whose experts arrive while its layer computes
+ * (overlap_layer), whose matmuls ask for each expert (expert_data). One file,
+ * because all of them change the one resident set under one lock.
  *
  * Order of one call, and why:
  *   1. read the missing experts, then populate them;
