@@ -305,10 +305,14 @@ struct guanaco_residency {
     bool no_cachestat;      /* cachestat(2) is missing or failed once: the warm start asks mincore */
     struct guanaco_residency_stats stats;
 
-    /* DIRECT with overlap_layer: one job per missing expert, so that a matmul waits only for its own */
+    /* DIRECT with overlap_layer: one job per missing expert and tensor, so that a matmul waits only for its own
+       slices. They are read tensor by tensor in the order the layer's matmuls run (every missing expert's first
+       tensor, then every one's second...), so the first matmul waits for a third of the bytes and the next ones
+       compute while the rest lands (settle_slice). */
     struct deferred_call deferred;
     atomic_bool deferred_active;   /* a deferred call is under way; read without the lock by expert_data */
-    struct guanaco_io_job *expert_jobs; /* n_expert */
+    struct guanaco_io_job *expert_jobs; /* n_expert * max_tensors_in_layer: missing expert i's tensor k at i * max + k */
+    size_t *job_first_request;          /* n_expert * max_tensors_in_layer + 1: each job's requests in r->requests */
     /* ... and with repacked experts in fixed slots: the io thread that completes missing expert i's job repacks
        its slots there (repack_arrived), while the reads behind it land and the matmuls compute what is ready,
        where the matmul that asked for it used to repack it with the other threads waiting */
@@ -318,6 +322,9 @@ struct guanaco_residency {
     uint32_t arrival_layer;        /* the layer whose demand jobs are in flight */
     size_t *expert_first_request;       /* n_expert + 1: missing expert i's requests start there in r->requests */
     unsigned char *expert_state;        /* n_expert: enum expert_state of missing expert i */
+    unsigned char *computed_early;      /* n_expert: a matmul computed a slice of missing expert i (settle_slice) */
+    uint32_t slice_waiters;             /* threads waiting in settle_slice now: the stall counts the time any does */
+    uint64_t slice_wait_since;          /* when the first of them began */
     pthread_cond_t expert_settled;
     _Atomic uint32_t settled_count;     /* bumped with each expert_settled broadcast: what settle_expert spins on */
     uint64_t last_settled_ns;           /* when the last expert_settled broadcast went out */
@@ -668,7 +675,9 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->arrivals);
     free(r->arrival_source);
     free(r->expert_first_request);
+    free(r->job_first_request);
     free(r->expert_state);
+    free(r->computed_early);
     free(r->tensors);
     free(r->layers);
     free(r->shards);
@@ -948,10 +957,16 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
        expert (guanaco_residency_expert_data); it never has arenas (choose_load). */
     r->overlap_layer = config->overlap_layer;
     if (!err && r->overlap_layer && r->load == GUANACO_RESIDENCY_LOAD_DIRECT) {
-        r->expert_jobs = calloc(r->n_expert, sizeof(*r->expert_jobs));
+        const size_t n_jobs = (size_t)r->n_expert * r->max_tensors_in_layer;
+        r->expert_jobs = calloc(n_jobs, sizeof(*r->expert_jobs));
+        r->job_first_request = calloc(n_jobs + 1, sizeof(*r->job_first_request));
         r->expert_first_request = calloc((size_t)r->n_expert + 1, sizeof(*r->expert_first_request));
         r->expert_state = calloc(r->n_expert, sizeof(*r->expert_state));
-        err = r->expert_jobs && r->expert_first_request && r->expert_state ? 0 : -ENOMEM;
+        r->computed_early = calloc(r->n_expert, sizeof(*r->computed_early));
+        err = r->expert_jobs && r->job_first_request && r->expert_first_request && r->expert_state &&
+                      r->computed_early
+                  ? 0
+                  : -ENOMEM;
         if (!err && r->slot_copy && r->transform_source) {
             r->arrivals = calloc((size_t)r->n_expert * r->max_tensors_in_layer, sizeof(*r->arrivals));
             r->arrival_source = malloc(r->transform_source_bytes);
@@ -1825,9 +1840,15 @@ static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const
         if (r->expert_first_request) {
             r->expert_first_request[i] = n_requests;
         }
-        for (uint32_t k = 0; k < l->n_tensors; k++) {
-            const struct tensor *t = &r->tensors[l->first_tensor + k];
+        for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
             size_t slot = i * r->max_tensors_in_layer + k;
+            if (r->job_first_request) {
+                r->job_first_request[slot] = n_requests;
+            }
+            if (k >= l->n_tensors) {
+                continue; /* an empty job: a layer with fewer tensors than the largest */
+            }
+            const struct tensor *t = &r->tensors[l->first_tensor + k];
             char *edges = r->edge_scratch + slot * 2 * EDGE_SLOT_PAGES * r->page;
             if (r->arrivals) {
                 r->arrivals[slot] = (struct slot_arrival){0};
@@ -1848,6 +1869,9 @@ static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const
     }
     if (r->expert_first_request) {
         r->expert_first_request[n] = n_requests;
+    }
+    if (r->job_first_request) {
+        r->job_first_request[n * r->max_tensors_in_layer] = n_requests;
     }
     return n_requests;
 }
@@ -2036,7 +2060,8 @@ static void admit_loaded(struct guanaco_residency *r, uint32_t e) {
  */
 static void repack_arrived(struct guanaco_io_job *job, void *context) {
     struct guanaco_residency *r = context;
-    size_t i = (size_t)(job - r->expert_jobs);
+    const size_t slot = (size_t)(job - r->expert_jobs), i = slot / r->max_tensors_in_layer;
+    const uint32_t k = (uint32_t)(slot % r->max_tensors_in_layer);
     for (size_t q = 0; q < job->n; q++) {
         if (job->requests[q].result != 0) {
             return; /* the expert fails as a whole; its slots are discarded unread */
@@ -2047,20 +2072,17 @@ static void repack_arrived(struct guanaco_io_job *job, void *context) {
     }
     const struct layer *l = &r->layers[r->arrival_layer];
     uint32_t e = r->missing[i];
-    pthread_mutex_lock(&r->arrival_lock);
-    for (uint32_t k = 0; k < l->n_tensors; k++) {
-        const struct tensor *t = &r->tensors[l->first_tensor + k];
-        size_t slot = i * r->max_tensors_in_layer + k;
-        if (!t->arena || !r->staging[slot] || in_arena_layout(t)) {
-            continue;
-        }
-        uint64_t a = t->begin + (uint64_t)e * t->stride, start = guanaco_now_ns();
-        char *slice = r->staging[slot] + (a - page_down(r, a));
-        memcpy(r->arrival_source, slice, t->stride);
-        int err = t->transform(t->transform_context, e, r->arrival_source, slice);
-        r->arrivals[slot] = (struct slot_arrival){
-            .repacked = err == 0, .error = err, .transform_ns = guanaco_now_ns() - start};
+    const struct tensor *t = k < l->n_tensors ? &r->tensors[l->first_tensor + k] : NULL; /* this job's one tensor */
+    if (!t || !t->arena || !r->staging[slot] || in_arena_layout(t)) {
+        return;
     }
+    pthread_mutex_lock(&r->arrival_lock);
+    uint64_t a = t->begin + (uint64_t)e * t->stride, start = guanaco_now_ns();
+    char *slice = r->staging[slot] + (a - page_down(r, a));
+    memcpy(r->arrival_source, slice, t->stride);
+    int err = t->transform(t->transform_context, e, r->arrival_source, slice);
+    r->arrivals[slot] = (struct slot_arrival){
+        .repacked = err == 0, .error = err, .transform_ns = guanaco_now_ns() - start};
     pthread_mutex_unlock(&r->arrival_lock);
 }
 
@@ -2073,12 +2095,16 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
         r->missing_error[i] = 0;
     }
     size_t n_requests = direct ? direct_requests(r, layer, l, n) : page_cache_requests(r, l, n);
-    if (r->expert_jobs && direct) { /* one job per expert, in MUL_MAT_ID's order, each waited for on its own */
+    if (r->expert_jobs && direct) { /* tensor by tensor, each expert in MUL_MAT_ID's order, each waited for alone */
         r->arrival_layer = layer;
-        for (size_t i = 0; i < n; i++) {
-            size_t first = r->expert_first_request[i], count = r->expert_first_request[i + 1] - first;
-            (void)guanaco_io_submit_then(r->io, &r->expert_jobs[i], r->requests + first, count, 1,
-                                         r->arrivals ? repack_arrived : NULL, r);
+        const size_t per_expert = r->max_tensors_in_layer;
+        for (size_t k = 0; k < per_expert; k++) {
+            for (size_t i = 0; i < n; i++) {
+                size_t j = i * per_expert + k;
+                size_t first = r->job_first_request[j], count = r->job_first_request[j + 1] - first;
+                (void)guanaco_io_submit_then(r->io, &r->expert_jobs[j], r->requests + first, count, 1,
+                                             r->arrivals ? repack_arrived : NULL, r);
+            }
         }
         return n_requests;
     }
@@ -2089,8 +2115,8 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
 /* Waits for every read submit_demand started for the n missing experts. */
 static void wait_demand(struct guanaco_residency *r, size_t n, bool direct, struct guanaco_io_job *job) {
     const bool per_expert = r->expert_jobs && direct;
-    for (size_t i = 0; per_expert && i < n; i++) {
-        (void)guanaco_io_wait(r->io, &r->expert_jobs[i]);
+    for (size_t j = 0; per_expert && j < n * r->max_tensors_in_layer; j++) {
+        (void)guanaco_io_wait(r->io, &r->expert_jobs[j]);
     }
     if (!per_expert) {
         (void)guanaco_io_wait(r->io, job);
@@ -2950,6 +2976,75 @@ static bool defers(const struct guanaco_residency *r, bool stream) {
     return r->expert_jobs && !r->shared && !stream && !r->preloading;
 }
 
+/* Whether every read of missing expert i of the deferred call has landed. */
+static bool expert_landed(struct guanaco_residency *r, size_t i) {
+    for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
+        if (!guanaco_io_poll(r->io, &r->expert_jobs[i * r->max_tensors_in_layer + k])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/*
+ * Tensor k of missing expert i of the deferred call, before the whole expert is settled: where its slice lies
+ * once its own job has landed whole and needs nothing more (a fixed slot the reads went into, repacked as they
+ * landed where it runs repacked), so that a matmul computes it while the expert's later tensors are read. NULL
+ * when that is not so now; with `wait` it first waits for that job (lock released). Lock held. The slot stays
+ * the slot once the expert settles (place_slot keeps it). A failed expert's copies go when it settles, and that
+ * never happens while a matmul computes one of its slices from here: every thread of this matmul gets the slice
+ * the same way (the conditions below hold for all or none), and the matmuls of the slices before it are over
+ * (each MUL_MAT_ID ends in a barrier).
+ */
+static const char *settle_slice(struct guanaco_residency *r, size_t i, uint32_t k, const struct tensor *t,
+                                bool wait, bool *wait_longer) {
+    const size_t j = i * r->max_tensors_in_layer + k;
+    *wait_longer = false;
+    if (!r->slots || r->shared || r->missing_error[i] || !r->staging[j] ||
+        (t->arena && !in_arena_layout(t) && !r->arrivals)) {
+        return NULL;
+    }
+    if (!guanaco_io_poll(r->io, &r->expert_jobs[j])) {
+        if (!wait) {
+            *wait_longer = true;
+            return NULL;
+        }
+        if (r->slice_waiters++ == 0) {
+            r->slice_wait_since = guanaco_now_ns();
+        }
+        if (r->pending_drops.n) {
+            /* the disk is not done: the last call's victims go now, as settle_expert drops them, so that their
+               copies are spares again before the next call's reads need copies (else those take fresh memory) */
+            int drop_error = drop_pending(r, false);
+            r->deferred.pending_error = r->deferred.pending_error ? r->deferred.pending_error : drop_error;
+        }
+        pthread_mutex_unlock(&r->lock);
+        (void)guanaco_io_wait(r->io, &r->expert_jobs[j]);
+        pthread_mutex_lock(&r->lock);
+        if (--r->slice_waiters == 0) { /* both threads waiting at once is one wait for the layer */
+            uint64_t waited = guanaco_now_ns() - r->slice_wait_since;
+            r->stats.read_ns += waited;
+            r->stats.stall_ns += waited;
+        }
+        if (r->expert_state[i] != EXPERT_READING) {
+            return NULL; /* settled (or being settled) meanwhile: its slot, the usual way */
+        }
+    }
+    const size_t first = r->job_first_request[j], end = r->job_first_request[j + 1];
+    for (size_t q = first; q < end; q++) {
+        if (r->requests[q].result != 0) {
+            return NULL; /* the usual way finds the failure */
+        }
+    }
+    if (t->arena && !in_arena_layout(t) && !r->arrivals[j].repacked) {
+        return NULL; /* not repacked as it landed: place_slot repacks it */
+    }
+    uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
+    r->stats.slices_before_settled++;
+    r->computed_early[i] = 1;
+    return r->staging[j] + (a - page_down(r, a));
+}
+
 /*
  * Makes missing expert i of the deferred call ready: its reads done, its
  * copies placed (or, when a read failed, left to the file mapping, which the
@@ -2994,19 +3089,21 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
             }
             continue;
         }
-        if (!wait && !guanaco_io_poll(r->io, &r->expert_jobs[i])) {
+        if (!wait && !expert_landed(r, i)) {
             return false;
         }
         r->expert_state[i] = EXPERT_SETTLING;
         uint64_t wait_start = guanaco_now_ns();
-        if (wait && r->pending_drops.n && !guanaco_io_poll(r->io, &r->expert_jobs[i])) {
+        if (wait && r->pending_drops.n && !expert_landed(r, i)) {
             /* the disk is not done: the last call's victims go now, CPU work the matmul would otherwise idle for */
             int drop_error = drop_pending(r, false);
             r->deferred.pending_error = r->deferred.pending_error ? r->deferred.pending_error : drop_error;
         }
         pthread_mutex_unlock(&r->lock);
         uint64_t io_start = guanaco_now_ns();
-        (void)guanaco_io_wait(r->io, &r->expert_jobs[i]);
+        for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
+            (void)guanaco_io_wait(r->io, &r->expert_jobs[i * r->max_tensors_in_layer + k]);
+        }
         uint64_t read_end = guanaco_now_ns();
         pthread_mutex_lock(&r->lock);
         r->stats.read_ns += read_end - io_start;
@@ -3022,7 +3119,7 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
         }
         if (r->missing_error[i] == 0) {
             admit_loaded(r, r->missing[i]);
-            r->stats.loads_settled_computing += from_matmul;
+            r->stats.loads_settled_computing += from_matmul || r->computed_early[i];
         } else {
             r->stats.load_failures++;
         }
@@ -3044,6 +3141,12 @@ static int finish_deferred(struct guanaco_residency *r, bool evict) {
         return 0;
     }
     int first_error = 0;
+    if (r->pending_drops.n) {
+        /* the layer has computed (its matmuls computed their slices as they landed, settle_slice, and may never
+           have waited): its victims' copies become spares before the next call's reads take copies */
+        int drop_error = drop_pending(r, false);
+        r->deferred.pending_error = r->deferred.pending_error ? r->deferred.pending_error : drop_error;
+    }
     for (size_t i = 0; i < r->deferred.n_missing; i++) {
         (void)settle_expert(r, i, true, false);
         first_error = first_error ? first_error : r->missing_error[i];
@@ -3086,13 +3189,22 @@ bool guanaco_residency_expert_data(struct guanaco_residency *r, const void *weig
         }
         bool ready = true;
         const struct layer *l = atomic_load(&r->deferred_active) ? &r->layers[r->deferred.layer] : NULL;
-        bool ours = false;
+        const struct tensor *ours = NULL;
         for (uint32_t k = 0; l && k < l->n_tensors && !ours; k++) {
             const struct tensor *t = &r->tensors[l->first_tensor + k];
-            ours = compute_base(t) == (const char *)weights;
+            ours = compute_base(t) == (const char *)weights ? t : NULL;
         }
         for (size_t i = 0; ours && i < r->deferred.n_missing; i++) {
             if (r->missing[i] == expert) {
+                bool wait_longer = false;
+                const char *slice = r->expert_state[i] == EXPERT_READING
+                                        ? settle_slice(r, i, ours->index_in_layer, ours, wait, &wait_longer)
+                                        : NULL;
+                if (slice || wait_longer) {
+                    pthread_mutex_unlock(&r->lock);
+                    *data = slice;
+                    return slice != NULL;
+                }
                 ready = settle_expert(r, i, wait, true);
                 break;
             }
@@ -3256,6 +3368,7 @@ static int prepare_locked(struct guanaco_residency *r, uint32_t layer, const int
                                              .pending_error = pending_error, .transformed_before = transformed_before,
                                              .wasted_before = wasted_before};
         memset(r->expert_state, EXPERT_READING, n_demand);
+        memset(r->computed_early, 0, n_demand);
         r->stats.read_ns += guanaco_now_ns() - start; /* issuing; the waits add theirs */
         atomic_store_explicit(&r->deferred_active, true, memory_order_release);
         return 0;

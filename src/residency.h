@@ -254,6 +254,7 @@ struct guanaco_residency_stats {
     uint64_t streamed_bytes;        /* loaded for a streamed call and dropped after it (inside the loads) */
     uint64_t streamed_huge_bytes;   /* read ahead for streamed calls through the MADV_HUGEPAGE mapping */
     uint64_t streamed_direct_bytes; /* streamed calls' experts read with O_DIRECT into the stream buffers */
+    uint64_t slices_before_settled; /* a deferred call's slices computed from their slot before their expert had landed whole */
     uint64_t stream_buffer_bytes;   /* the stream buffers' memory (stream_direct), held while a prompt streams */
     uint64_t stream_memory_bytes;   /* now: the stream buffers' memory mapped (0 when given back) */
     uint64_t loaded_huge_bytes;     /* demand loads' bytes read through the MADV_HUGEPAGE mapping */
@@ -265,7 +266,8 @@ struct guanaco_residency_stats {
                                        at the first decode call after it */
     uint64_t rebuild_ns;            /* inside stall_ns: rebuilding them */
     uint64_t loads_settled_computing; /* DIRECT with overlap_layer: loads a matmul asked for while its layer
-                                         computed (guanaco_residency_expert_data), not settled at the call's end */
+                                         computed (guanaco_residency_expert_data), settled then or computed a
+                                         slice at a time as they landed */
     enum guanaco_io_backend io_backend;
     enum guanaco_residency_load load; /* in force: DIRECT may have fallen back to PAGE_CACHE */
     bool overlap_layer;               /* in force: config.overlap_layer */
