@@ -312,7 +312,8 @@ struct guanaco_residency {
     struct deferred_call deferred;
     atomic_bool deferred_active;   /* a deferred call is under way; read without the lock by expert_data */
     struct guanaco_io_job *expert_jobs; /* n_expert * max_tensors_in_layer: missing expert i's tensor k at i * max + k */
-    size_t *job_first_request;          /* n_expert * max_tensors_in_layer + 1: each job's requests in r->requests */
+    size_t *job_first_request;          /* n_expert * max_tensors_in_layer + 1: each job's requests in r->requests,
+                                           so missing expert i's are those of jobs i * max to (i + 1) * max */
     /* ... and with repacked experts in fixed slots: the io thread that completes missing expert i's job repacks
        its slots there (repack_arrived), while the reads behind it land and the matmuls compute what is ready,
        where the matmul that asked for it used to repack it with the other threads waiting */
@@ -320,7 +321,6 @@ struct guanaco_residency {
     char *arrival_source;          /* transform_source_bytes: those repacks' scratch */
     pthread_mutex_t arrival_lock;  /* arrival_source: the threads backend may complete two jobs at once */
     uint32_t arrival_layer;        /* the layer whose demand jobs are in flight */
-    size_t *expert_first_request;       /* n_expert + 1: missing expert i's requests start there in r->requests */
     unsigned char *expert_state;        /* n_expert: enum expert_state of missing expert i */
     unsigned char *computed_early;      /* n_expert: a matmul computed a slice of missing expert i (settle_slice) */
     uint32_t slice_waiters;             /* threads waiting in settle_slice now: the stall counts the time any does */
@@ -674,7 +674,6 @@ void guanaco_residency_destroy(struct guanaco_residency *r) {
     free(r->expert_jobs);
     free(r->arrivals);
     free(r->arrival_source);
-    free(r->expert_first_request);
     free(r->job_first_request);
     free(r->expert_state);
     free(r->computed_early);
@@ -960,13 +959,9 @@ int guanaco_residency_create(const struct guanaco_residency_config *config, stru
         const size_t n_jobs = (size_t)r->n_expert * r->max_tensors_in_layer;
         r->expert_jobs = calloc(n_jobs, sizeof(*r->expert_jobs));
         r->job_first_request = calloc(n_jobs + 1, sizeof(*r->job_first_request));
-        r->expert_first_request = calloc((size_t)r->n_expert + 1, sizeof(*r->expert_first_request));
         r->expert_state = calloc(r->n_expert, sizeof(*r->expert_state));
         r->computed_early = calloc(r->n_expert, sizeof(*r->computed_early));
-        err = r->expert_jobs && r->job_first_request && r->expert_first_request && r->expert_state &&
-                      r->computed_early
-                  ? 0
-                  : -ENOMEM;
+        err = r->expert_jobs && r->job_first_request && r->expert_state && r->computed_early ? 0 : -ENOMEM;
         if (!err && r->slot_copy && r->transform_source) {
             r->arrivals = calloc((size_t)r->n_expert * r->max_tensors_in_layer, sizeof(*r->arrivals));
             r->arrival_source = malloc(r->transform_source_bytes);
@@ -1837,9 +1832,6 @@ static long direct_slice_requests(struct guanaco_residency *r, const struct tens
 static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const struct layer *l, size_t n) {
     size_t n_requests = 0;
     for (size_t i = 0; i < n; i++) {
-        if (r->expert_first_request) {
-            r->expert_first_request[i] = n_requests;
-        }
         for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
             size_t slot = i * r->max_tensors_in_layer + k;
             if (r->job_first_request) {
@@ -1866,9 +1858,6 @@ static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const
                 r->request_missing[n_requests++] = (uint32_t)i;
             }
         }
-    }
-    if (r->expert_first_request) {
-        r->expert_first_request[n] = n_requests;
     }
     if (r->job_first_request) {
         r->job_first_request[n * r->max_tensors_in_layer] = n_requests;
@@ -2976,6 +2965,15 @@ static bool defers(const struct guanaco_residency *r, bool stream) {
     return r->expert_jobs && !r->shared && !stream && !r->preloading;
 }
 
+/* The last call's victims go now, while this call's reads land: CPU work a matmul would otherwise idle for, and
+   their copies are spares again before the next call's reads take copies (else those take fresh memory). */
+static void drop_victims_while_reading(struct guanaco_residency *r) {
+    if (r->pending_drops.n) {
+        int drop_error = drop_pending(r, false);
+        r->deferred.pending_error = r->deferred.pending_error ? r->deferred.pending_error : drop_error;
+    }
+}
+
 /* Whether every read of missing expert i of the deferred call has landed. */
 static bool expert_landed(struct guanaco_residency *r, size_t i) {
     for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
@@ -2984,6 +2982,13 @@ static bool expert_landed(struct guanaco_residency *r, size_t i) {
         }
     }
     return true;
+}
+
+/* Waits for every read of missing expert i of the deferred call (lock released by the caller). */
+static void wait_expert(struct guanaco_residency *r, size_t i) {
+    for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
+        (void)guanaco_io_wait(r->io, &r->expert_jobs[i * r->max_tensors_in_layer + k]);
+    }
 }
 
 /*
@@ -3004,7 +3009,10 @@ static const char *settle_slice(struct guanaco_residency *r, size_t i, uint32_t 
         (t->arena && !in_arena_layout(t) && !r->arrivals)) {
         return NULL;
     }
-    if (!guanaco_io_poll(r->io, &r->expert_jobs[j])) {
+    int failed = 0;
+    if (guanaco_io_poll(r->io, &r->expert_jobs[j])) {
+        failed = guanaco_io_wait(r->io, &r->expert_jobs[j]); /* landed: at once, with its first failure */
+    } else {
         if (!wait) {
             *wait_longer = true;
             return NULL;
@@ -3012,14 +3020,9 @@ static const char *settle_slice(struct guanaco_residency *r, size_t i, uint32_t 
         if (r->slice_waiters++ == 0) {
             r->slice_wait_since = guanaco_now_ns();
         }
-        if (r->pending_drops.n) {
-            /* the disk is not done: the last call's victims go now, as settle_expert drops them, so that their
-               copies are spares again before the next call's reads need copies (else those take fresh memory) */
-            int drop_error = drop_pending(r, false);
-            r->deferred.pending_error = r->deferred.pending_error ? r->deferred.pending_error : drop_error;
-        }
+        drop_victims_while_reading(r);
         pthread_mutex_unlock(&r->lock);
-        (void)guanaco_io_wait(r->io, &r->expert_jobs[j]);
+        failed = guanaco_io_wait(r->io, &r->expert_jobs[j]);
         pthread_mutex_lock(&r->lock);
         if (--r->slice_waiters == 0) { /* both threads waiting at once is one wait for the layer */
             uint64_t waited = guanaco_now_ns() - r->slice_wait_since;
@@ -3030,11 +3033,8 @@ static const char *settle_slice(struct guanaco_residency *r, size_t i, uint32_t 
             return NULL; /* settled (or being settled) meanwhile: its slot, the usual way */
         }
     }
-    const size_t first = r->job_first_request[j], end = r->job_first_request[j + 1];
-    for (size_t q = first; q < end; q++) {
-        if (r->requests[q].result != 0) {
-            return NULL; /* the usual way finds the failure */
-        }
+    if (failed) {
+        return NULL; /* the usual way finds the failure */
     }
     if (t->arena && !in_arena_layout(t) && !r->arrivals[j].repacked) {
         return NULL; /* not repacked as it landed: place_slot repacks it */
@@ -3095,22 +3095,20 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
         r->expert_state[i] = EXPERT_SETTLING;
         uint64_t wait_start = guanaco_now_ns();
         if (wait && r->pending_drops.n && !expert_landed(r, i)) {
-            /* the disk is not done: the last call's victims go now, CPU work the matmul would otherwise idle for */
-            int drop_error = drop_pending(r, false);
-            r->deferred.pending_error = r->deferred.pending_error ? r->deferred.pending_error : drop_error;
+            drop_victims_while_reading(r); /* the disk is not done */
         }
         pthread_mutex_unlock(&r->lock);
         uint64_t io_start = guanaco_now_ns();
-        for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
-            (void)guanaco_io_wait(r->io, &r->expert_jobs[i * r->max_tensors_in_layer + k]);
-        }
+        wait_expert(r, i);
         uint64_t read_end = guanaco_now_ns();
         pthread_mutex_lock(&r->lock);
         r->stats.read_ns += read_end - io_start;
         uint32_t layer = r->deferred.layer;
         const struct layer *l = &r->layers[layer];
         char **staging = r->staging + i * r->max_tensors_in_layer;
-        int err = collect_read_results(r, layer, r->expert_first_request[i], r->expert_first_request[i + 1]);
+        const size_t per_expert = r->max_tensors_in_layer;
+        int err = collect_read_results(r, layer, r->job_first_request[i * per_expert],
+                                       r->job_first_request[(i + 1) * per_expert]);
         if (!err && !r->missing_error[i]) {
             r->missing_error[i] = map_expert(r, l, r->missing[i], staging,
                                              r->arrivals ? r->arrivals + i * r->max_tensors_in_layer : NULL);
@@ -3141,12 +3139,8 @@ static int finish_deferred(struct guanaco_residency *r, bool evict) {
         return 0;
     }
     int first_error = 0;
-    if (r->pending_drops.n) {
-        /* the layer has computed (its matmuls computed their slices as they landed, settle_slice, and may never
-           have waited): its victims' copies become spares before the next call's reads take copies */
-        int drop_error = drop_pending(r, false);
-        r->deferred.pending_error = r->deferred.pending_error ? r->deferred.pending_error : drop_error;
-    }
+    /* its matmuls may never have waited (settle_slice computes each slice as it lands) */
+    drop_victims_while_reading(r);
     for (size_t i = 0; i < r->deferred.n_missing; i++) {
         (void)settle_expert(r, i, true, false);
         first_error = first_error ? first_error : r->missing_error[i];
