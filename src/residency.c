@@ -1829,11 +1829,17 @@ static long direct_slice_requests(struct guanaco_residency *r, const struct tens
 }
 
 /* DIRECT: every missing expert's slices, in one job (direct_slice_requests). */
+/* Where tensor k of missing expert i of a direct call is kept: its job in expert_jobs, its copy in staging, its
+   arrival, and its requests' start in job_first_request (expert i's requests run to job_index(r, i + 1, 0)'s). */
+static inline size_t job_index(const struct guanaco_residency *r, size_t i, uint32_t k) {
+    return i * r->max_tensors_in_layer + k;
+}
+
 static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const struct layer *l, size_t n) {
     size_t n_requests = 0;
     for (size_t i = 0; i < n; i++) {
         for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
-            size_t slot = i * r->max_tensors_in_layer + k;
+            size_t slot = job_index(r, i, k);
             if (r->job_first_request) {
                 r->job_first_request[slot] = n_requests;
             }
@@ -1860,7 +1866,7 @@ static size_t direct_requests(struct guanaco_residency *r, uint32_t layer, const
         }
     }
     if (r->job_first_request) {
-        r->job_first_request[n * r->max_tensors_in_layer] = n_requests;
+        r->job_first_request[job_index(r, n, 0)] = n_requests;
     }
     return n_requests;
 }
@@ -2089,7 +2095,7 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
         const size_t per_expert = r->max_tensors_in_layer;
         for (size_t k = 0; k < per_expert; k++) {
             for (size_t i = 0; i < n; i++) {
-                size_t j = i * per_expert + k;
+                size_t j = job_index(r, i, k);
                 size_t first = r->job_first_request[j], count = r->job_first_request[j + 1] - first;
                 (void)guanaco_io_submit_then(r->io, &r->expert_jobs[j], r->requests + first, count, 1,
                                              r->arrivals ? repack_arrived : NULL, r);
@@ -2101,11 +2107,18 @@ static size_t submit_demand(struct guanaco_residency *r, uint32_t layer, size_t 
     return n_requests;
 }
 
+/* Waits for every read of missing expert i of a direct call (lock released by the caller). */
+static void wait_expert(struct guanaco_residency *r, size_t i) {
+    for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
+        (void)guanaco_io_wait(r->io, &r->expert_jobs[job_index(r, i, k)]);
+    }
+}
+
 /* Waits for every read submit_demand started for the n missing experts. */
 static void wait_demand(struct guanaco_residency *r, size_t n, bool direct, struct guanaco_io_job *job) {
     const bool per_expert = r->expert_jobs && direct;
-    for (size_t j = 0; per_expert && j < n * r->max_tensors_in_layer; j++) {
-        (void)guanaco_io_wait(r->io, &r->expert_jobs[j]);
+    for (size_t i = 0; per_expert && i < n; i++) {
+        wait_expert(r, i);
     }
     if (!per_expert) {
         (void)guanaco_io_wait(r->io, job);
@@ -2141,8 +2154,8 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
         }
         if (r->missing_error[i] == 0) {
             r->missing_error[i] =
-                map_expert(r, l, r->missing[i], direct ? r->staging + i * r->max_tensors_in_layer : NULL,
-                           direct && r->arrivals ? r->arrivals + i * r->max_tensors_in_layer : NULL);
+                map_expert(r, l, r->missing[i], direct ? r->staging + job_index(r, i, 0) : NULL,
+                           direct && r->arrivals ? r->arrivals + job_index(r, i, 0) : NULL);
             if (r->missing_error[i] && !first_error) {
                 first_error = r->missing_error[i];
             }
@@ -2153,7 +2166,7 @@ static int finish_demand(struct guanaco_residency *r, uint32_t layer, size_t n, 
             r->stats.load_failures++;
         }
         if (direct) {
-            discard_copies(r, l, r->missing[i], r->staging + i * r->max_tensors_in_layer);
+            discard_copies(r, l, r->missing[i], r->staging + job_index(r, i, 0));
         }
     }
     /* PAGE_CACHE: the job only issued the reads; mapping waited for the disk, so that is read time too */
@@ -2965,9 +2978,10 @@ static bool defers(const struct guanaco_residency *r, bool stream) {
     return r->expert_jobs && !r->shared && !stream && !r->preloading;
 }
 
-/* The last call's victims go now, while this call's reads land: CPU work a matmul would otherwise idle for, and
-   their copies are spares again before the next call's reads take copies (else those take fresh memory). */
-static void drop_victims_while_reading(struct guanaco_residency *r) {
+/* The last call's victims go now, while this call's reads land or once its layer is done: CPU work a matmul would
+   otherwise idle for, and their copies are spares again before the next call's reads take copies (else those take
+   fresh memory). */
+static void drop_last_victims(struct guanaco_residency *r) {
     if (r->pending_drops.n) {
         int drop_error = drop_pending(r, false);
         r->deferred.pending_error = r->deferred.pending_error ? r->deferred.pending_error : drop_error;
@@ -2977,18 +2991,11 @@ static void drop_victims_while_reading(struct guanaco_residency *r) {
 /* Whether every read of missing expert i of the deferred call has landed. */
 static bool expert_landed(struct guanaco_residency *r, size_t i) {
     for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
-        if (!guanaco_io_poll(r->io, &r->expert_jobs[i * r->max_tensors_in_layer + k])) {
+        if (!guanaco_io_poll(r->io, &r->expert_jobs[job_index(r, i, k)])) {
             return false;
         }
     }
     return true;
-}
-
-/* Waits for every read of missing expert i of the deferred call (lock released by the caller). */
-static void wait_expert(struct guanaco_residency *r, size_t i) {
-    for (uint32_t k = 0; k < r->max_tensors_in_layer; k++) {
-        (void)guanaco_io_wait(r->io, &r->expert_jobs[i * r->max_tensors_in_layer + k]);
-    }
 }
 
 /*
@@ -3003,7 +3010,7 @@ static void wait_expert(struct guanaco_residency *r, size_t i) {
  */
 static const char *settle_slice(struct guanaco_residency *r, size_t i, uint32_t k, const struct tensor *t,
                                 bool wait, bool *wait_longer) {
-    const size_t j = i * r->max_tensors_in_layer + k;
+    const size_t j = job_index(r, i, k);
     *wait_longer = false;
     if (!r->slots || r->shared || r->missing_error[i] || !r->staging[j] ||
         (t->arena && !in_arena_layout(t) && !r->arrivals)) {
@@ -3020,7 +3027,7 @@ static const char *settle_slice(struct guanaco_residency *r, size_t i, uint32_t 
         if (r->slice_waiters++ == 0) {
             r->slice_wait_since = guanaco_now_ns();
         }
-        drop_victims_while_reading(r);
+        drop_last_victims(r);
         pthread_mutex_unlock(&r->lock);
         failed = guanaco_io_wait(r->io, &r->expert_jobs[j]);
         pthread_mutex_lock(&r->lock);
@@ -3095,7 +3102,7 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
         r->expert_state[i] = EXPERT_SETTLING;
         uint64_t wait_start = guanaco_now_ns();
         if (wait && r->pending_drops.n && !expert_landed(r, i)) {
-            drop_victims_while_reading(r); /* the disk is not done */
+            drop_last_victims(r); /* the disk is not done */
         }
         pthread_mutex_unlock(&r->lock);
         uint64_t io_start = guanaco_now_ns();
@@ -3105,13 +3112,12 @@ static bool settle_expert(struct guanaco_residency *r, size_t i, bool wait, bool
         r->stats.read_ns += read_end - io_start;
         uint32_t layer = r->deferred.layer;
         const struct layer *l = &r->layers[layer];
-        char **staging = r->staging + i * r->max_tensors_in_layer;
-        const size_t per_expert = r->max_tensors_in_layer;
-        int err = collect_read_results(r, layer, r->job_first_request[i * per_expert],
-                                       r->job_first_request[(i + 1) * per_expert]);
+        char **staging = r->staging + job_index(r, i, 0);
+        int err = collect_read_results(r, layer, r->job_first_request[job_index(r, i, 0)],
+                                       r->job_first_request[job_index(r, i + 1, 0)]);
         if (!err && !r->missing_error[i]) {
             r->missing_error[i] = map_expert(r, l, r->missing[i], staging,
-                                             r->arrivals ? r->arrivals + i * r->max_tensors_in_layer : NULL);
+                                             r->arrivals ? r->arrivals + job_index(r, i, 0) : NULL);
         } else if (!r->missing_error[i]) {
             r->missing_error[i] = err;
         }
@@ -3140,7 +3146,7 @@ static int finish_deferred(struct guanaco_residency *r, bool evict) {
     }
     int first_error = 0;
     /* its matmuls may never have waited (settle_slice computes each slice as it lands) */
-    drop_victims_while_reading(r);
+    drop_last_victims(r);
     for (size_t i = 0; i < r->deferred.n_missing; i++) {
         (void)settle_expert(r, i, true, false);
         first_error = first_error ? first_error : r->missing_error[i];
