@@ -8,14 +8,16 @@
 #   nr         plain llama.cpp -nr (nothing repacked)
 #   reference  plain llama.cpp --guanaco-reference (experts alone in the file's
 #              layout: the kernels streaming runs, the logits streaming equals)
-#   guanaco    --guanaco-streaming --guanaco-ram RAM (everything resident)
+#   guanaco    --guanaco-streaming --guanaco-ram RAM (everything resident): with
+#              room for llama.cpp's own load, the engine hands the experts to it
+#   engine     the same with --guanaco-when-fits engine: Guanaco holds them
 # and prints, per model and configuration, the median prompt and decode tok/s
 # over the rounds with their range (each round's figure is llama-bench's mean
 # over its -r repetitions). The model is read into the page cache (cat) before
 # every round. Run it under `flock /tmp/guanaco-bench.lock`.
 #
 #   bench/compute_parity.sh [--rounds N] [--reps N] [--threads N] [--prompt N] [--gen N]
-#       [--ram SIZE] [--configs "default nr reference guanaco"] [--out DIR] MODEL.gguf...
+#       [--ram SIZE] [--configs "default nr reference guanaco engine"] [--out DIR] MODEL.gguf...
 #
 # Output: DIR/runs.csv (model,config,round,test,tok_s) and a Markdown table on stdout.
 set -euo pipefail
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
         --ram) ram=$2; shift 2 ;;
         --configs) configs=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         -*) echo "compute_parity: unknown flag $1" >&2; exit 2 ;;
         *) models+=("$1"); shift ;;
     esac
@@ -52,6 +54,7 @@ config_args() {
         nr) echo "-nr" ;;
         reference) echo "--guanaco-reference" ;;
         guanaco) echo "--guanaco-streaming --guanaco-ram $ram" ;;
+        engine) echo "--guanaco-streaming --guanaco-ram $ram --guanaco-when-fits engine" ;;
         *) echo "compute_parity: unknown configuration $1" >&2; exit 2 ;;
     esac
 }

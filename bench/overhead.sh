@@ -27,7 +27,9 @@ done
 [ -f "$MODEL" ] || { echo "overhead: --model FILE is required" >&2; exit 2; }
 case $ROUNDS in '' | *[!0-9]* | 0) echo "overhead: --rounds must be a positive integer" >&2; exit 2 ;; esac
 common=(-m "$MODEL" -p "$PROMPT" -n "$TOKENS" -r "$REPS" -o csv ${THREADS:+-t "$THREADS"})
-guanaco=(--guanaco-streaming --guanaco-ram 100000G --guanaco-load "$LOAD" ${PREFETCH:+--guanaco-prefetch "$PREFETCH"})
+# the engine's own overhead: a budget this large alone would hand the experts to llama.cpp (--guanaco-when-fits)
+guanaco=(--guanaco-streaming --guanaco-ram 100000G --guanaco-when-fits engine --guanaco-load "$LOAD"
+    ${PREFETCH:+--guanaco-prefetch "$PREFETCH"})
 tg_of() { awk -F'"?,"?' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i }
     NR > 1 && $c["n_gen"] + 0 > 0 { gsub(/"/, "", $c["avg_ts"]); print $c["avg_ts"] }' "$1"; }
 scratch=$(mktemp -d)

@@ -56,6 +56,12 @@ enum guanaco_repack_mode {
     GUANACO_REPACK_AUTO = 2, /* where it pays: when the budget holds every expert, so nothing is read after load */
 };
 
+/* What an explicit --guanaco-ram that holds every expert does with them. */
+enum guanaco_when_fits {
+    GUANACO_WHEN_FITS_PLAIN = 0,  /* nothing would ever be read: llama.cpp loads the experts as without Guanaco */
+    GUANACO_WHEN_FITS_ENGINE = 1, /* the engine holds them, as under any budget (status lines, its own slots) */
+};
+
 #define GUANACO_PATH_BYTES 4096
 #define GUANACO_DEFAULT_STATUS_EVERY 32u
 
@@ -89,6 +95,7 @@ struct guanaco_options {
     enum guanaco_repack_mode repack; /* --guanaco-repack (expert_repack.h) */
     /* --guanaco-repack-cache (repack_cache.h): on = required, auto = where a valid one exists, off = never */
     enum guanaco_repack_mode repack_cache;
+    enum guanaco_when_fits when_fits; /* --guanaco-when-fits */
 };
 
 /*

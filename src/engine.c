@@ -189,6 +189,30 @@ static int open_traces(struct guanaco_engine *engine) {
     return 0;
 }
 
+static uint64_t process_memory(bool *is_limit);
+
+/* Room for plain llama.cpp's own load: the whole file in the page cache, a repacked copy of every expert, and the
+   auto rule's fixed margin (budget.c) for the contexts. */
+static uint64_t plain_load_bytes(const struct guanaco_manifest *m) {
+    return m->total_bytes + m->expert_bytes + (1ull << 30);
+}
+
+/*
+ * Whether the engine has nothing to do for this model: an explicit budget (auto's may shrink once the contexts
+ * exist) holds every expert, so none is ever read or dropped; the memory this process has holds what llama.cpp's
+ * own load takes, so it will not thrash where the engine would not; and nothing asked for the router's ids or
+ * the file's layout. Then llama.cpp's own load is the fastest there is: with everything resident in Guanaco's
+ * slots, the repacked types ran 2-7% behind plain llama.cpp's default on two threads, at the same instruction
+ * count, for a cause not found (bench/COMPUTE_PARITY.md). Inside a limit sized for the budget the engine stays:
+ * there it decoded up to 1.65x plain at 100% (BENCHMARKS.md).
+ */
+static bool holds_every_expert_without_engine(const struct guanaco_options *o, const struct guanaco_manifest *m,
+                                              uint64_t memory) {
+    return o->streaming && o->when_fits == GUANACO_WHEN_FITS_PLAIN && o->ram_bytes >= m->expert_bytes &&
+           (!o->max_experts || o->max_experts >= (uint32_t)m->n_expert) && !o->trace_replay[0] && !o->trace_out[0] &&
+           !o->audit && o->repack != GUANACO_REPACK_OFF && !o->reference && memory >= plain_load_bytes(m);
+}
+
 int guanaco_engine_open(const char *path, const char *const *split_paths, size_t n_split_paths, bool dry_run,
                         bool repack_allowed, struct guanaco_engine **out) {
     *out = NULL;
@@ -217,6 +241,20 @@ int guanaco_engine_open(const char *path, const char *const *split_paths, size_t
     if (m->n_tensors == 0) {
         if (!dry_run) {
             guanaco_log_info("dense model (%s, no expert tensors): nothing to stream, loading normally", m->arch);
+        }
+        guanaco_engine_close(engine);
+        return 0;
+    }
+    bool is_limit = false;
+    const uint64_t memory = options.ram_bytes >= m->expert_bytes ? process_memory(&is_limit) : 0;
+    if (holds_every_expert_without_engine(&options, m, memory)) {
+        if (!dry_run) {
+            guanaco_log_info("--guanaco-ram %.2f GiB holds every expert (%.2f GiB) and %s (%.2f GiB) holds "
+                             "llama.cpp's own load (%.2f GiB): nothing would ever be read, so llama.cpp loads the "
+                             "experts as it does without Guanaco (--guanaco-when-fits engine: Guanaco holds them)",
+                             gib(options.ram_bytes), gib(m->expert_bytes),
+                             is_limit ? "the memory limit" : "the memory available", gib(memory),
+                             gib(plain_load_bytes(m)));
         }
         guanaco_engine_close(engine);
         return 0;

@@ -42,6 +42,8 @@ static const char *const prefetch_choices[] = {GUANACO_PREDICTOR_KIND_NAMES(CHOI
 static const char *const load_choices[] = {"page-cache", "direct", "auto", NULL};
 /* Index = enum guanaco_repack_mode (guanaco.h), for --guanaco-repack and --guanaco-repack-cache. */
 static const char *const repack_choices[] = {"off", "on", "auto", NULL};
+/* Index = enum guanaco_when_fits (guanaco.h). */
+static const char *const when_fits_choices[] = {"plain", "engine", NULL};
 /* OPTION_FRACTION values are kept in millionths. */
 #define FRACTION_SCALE 1000000.0
 
@@ -52,7 +54,7 @@ static const char *const repack_choices[] = {"off", "on", "auto", NULL};
 enum option_id {
     OPTION_STREAMING, OPTION_READAHEAD, OPTION_LOG, OPTION_TRACE_OUT, OPTION_TRACE_REPLAY,
     OPTION_RAM, OPTION_MAX_EXPERTS, OPTION_POLICY, OPTION_IO, OPTION_LOAD, OPTION_STATUS_EVERY, OPTION_AUDIT, OPTION_PRELOAD,
-    OPTION_STREAM_PROMPTS, OPTION_HUGE_FOLIOS, OPTION_OVERLAP_LAYER, OPTION_FIXED_SLOTS, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_REPACK_CACHE, OPTION_STREAM_DIRECT, OPTION_COUNT
+    OPTION_STREAM_PROMPTS, OPTION_HUGE_FOLIOS, OPTION_OVERLAP_LAYER, OPTION_FIXED_SLOTS, OPTION_PREFETCH, OPTION_PREFETCH_THROTTLE, OPTION_PILOT_MASS, OPTION_IMATRIX, OPTION_REFERENCE, OPTION_REPACK, OPTION_REPACK_CACHE, OPTION_STREAM_DIRECT, OPTION_WHEN_FITS, OPTION_COUNT
 };
 
 static const struct option_spec option_specs[OPTION_COUNT] = {
@@ -136,6 +138,12 @@ static const struct option_spec option_specs[OPTION_COUNT] = {
                               "with direct loading into fixed slots: a prompt's streamed layers are read with O_DIRECT "
                               "into two layer-sized anonymous buffers, held while the prompt streams, instead of "
                               "through the page cache, where they fit in memory beside the budget (default: on)"},
+    [OPTION_WHEN_FITS] = {"guanaco-when-fits", "GUANACO_WHEN_FITS", OPTION_CHOICE, when_fits_choices,
+                          "when an explicit --guanaco-ram holds every expert, nothing is ever read: plain leaves the "
+                          "experts to llama.cpp, which loads them as without Guanaco (its repacked buffers, its "
+                          "speed); engine holds them in Guanaco's own memory as under any budget. Replay, "
+                          "--guanaco-trace-out, --guanaco-audit and --guanaco-repack off keep the engine (default: "
+                          "plain)"},
 };
 
 /* Another name a choice is also accepted under: "uring" was io_uring's spelling on --guanaco-io until the
@@ -404,6 +412,7 @@ int guanaco_options_get(struct guanaco_options *out) {
     out->reference = value[OPTION_REFERENCE] != 0;
     out->repack = (enum guanaco_repack_mode)value[OPTION_REPACK];
     out->repack_cache = (enum guanaco_repack_mode)value[OPTION_REPACK_CACHE];
+    out->when_fits = (enum guanaco_when_fits)value[OPTION_WHEN_FITS];
     out->status_every = value[OPTION_STATUS_EVERY] ? (uint32_t)number[OPTION_STATUS_EVERY] : GUANACO_DEFAULT_STATUS_EVERY;
     guanaco_log_set_enabled(out->log);
     return err;

@@ -271,13 +271,53 @@ check "warm start: cached experts adopted, nothing preloaded from disk, same log
 
 # A budget that keeps every expert: once all are resident the hook stops reading the router's ids (no graph
 # split per MoE layer), and the logits stay those of streaming off. The 3M run above never gets there.
-GUANACO_STREAMING=1 GUANACO_RAM=1G "$LOGITS_DUMP" "$m" "$W/all.bin" >"$W/all.log" 2>&1
+GUANACO_STREAMING=1 GUANACO_RAM=1G GUANACO_WHEN_FITS=engine "$LOGITS_DUMP" "$m" "$W/all.bin" >"$W/all.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q 'every expert is resident and the budget keeps them all' "$W/all.log" &&
     grep -q 'summary: 0 tokens routed' "$W/all.log" && cmp -s "$W/qwen3moe.off.bin" "$W/all.bin" &&
     ! grep -q 'every expert is resident' "$W/warm.log" && ! grep -q 'summary: 0 tokens routed' "$W/warm.log"
 check "budget above every expert: router ids not read, same logits; under 3M they are read" $? \
     "rc=$rc $(grep -E 'every expert|summary' "$W/all.log" "$W/warm.log")"
+
+# The same budget by default (--guanaco-when-fits plain): nothing would ever be read and this machine holds
+# llama.cpp's own load, so the engine hands the experts to llama.cpp, which repacks them as it does without
+# Guanaco. Its logits are plain default's, and so are those of the engine holding them itself (repacked, as the
+# budget holds every expert). Inside a memory limit below llama.cpp's own load (the file, a repacked copy of the
+# experts, 1 GiB) the engine keeps them.
+CGROUP_RUN=${CGROUP_RUN:-$(dirname "${BASH_SOURCE[0]}")/cgroup_run.sh}
+for spec in "gpt-oss MXFP4" "qwen35moe Q4_0" "mixtral Q4_K" "qwen3moe Q8_0"; do
+    set -- $spec
+    arch=$1 m="$W/$1-$2.gguf"
+    GUANACO_STREAMING=1 GUANACO_RAM=1G "$LOGITS_DUMP" "$m" "$W/$arch.fits.bin" >"$W/$arch.fits.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] && grep -q 'llama.cpp loads the experts as it does without Guanaco' "$W/$arch.fits.log" &&
+        ! grep -q 'residency: budget' "$W/$arch.fits.log" && cmp -s "$W/$arch.default.bin" "$W/$arch.fits.bin"
+    check "$arch $2: a budget above every expert hands them to llama.cpp, logits == plain default" $? \
+        "rc=$rc $(grep -E 'guanaco: (error|--guanaco-ram|residency: budget)' "$W/$arch.fits.log" | head -2)"
+    GUANACO_STREAMING=1 GUANACO_RAM=1G GUANACO_WHEN_FITS=engine "$LOGITS_DUMP" "$m" "$W/$arch.held.bin" \
+        >"$W/$arch.held.log" 2>&1
+    rc=$?
+    ref=off
+    grep -q "so results equal plain llama.cpp's default" "$W/$arch.held.log" && ref=default
+    [ $rc -eq 0 ] && grep -q 'residency: budget' "$W/$arch.held.log" &&
+        ! grep -q 'loads the experts as it does without Guanaco' "$W/$arch.held.log" &&
+        cmp -s "$W/$arch.$ref.bin" "$W/$arch.held.bin"
+    check "$arch $2: --guanaco-when-fits engine holds them, logits == plain $ref" $? \
+        "rc=$rc $(grep -E 'guanaco: (error|residency: budget)' "$W/$arch.held.log" | head -2)"
+    limit=$(($(stat -c %s "$m") + 512 * 1024 * 1024))
+    GUANACO_STREAMING=1 GUANACO_RAM=1G timeout 300 "$CGROUP_RUN" "$limit" -- "$LOGITS_DUMP" "$m" "$W/$arch.limited.bin" \
+        >"$W/$arch.limited.log" 2>&1
+    rc=$?
+    if [ $rc -eq 77 ]; then
+        echo "SKIP $arch: inside a limit below llama.cpp's own load: $(grep -m1 '^SKIP' "$W/$arch.limited.log")"
+        continue
+    fi
+    [ $rc -eq 0 ] && grep -q 'residency: budget' "$W/$arch.limited.log" &&
+        ! grep -q 'loads the experts as it does without Guanaco' "$W/$arch.limited.log" &&
+        cmp -s "$W/$arch.$ref.bin" "$W/$arch.limited.bin"
+    check "$arch $2: in a limit of the file + 512 MiB the engine keeps them, logits == plain $ref" $? \
+        "rc=$rc $(grep -E 'guanaco: (error|residency: budget)|^cgroup' "$W/$arch.limited.log" | head -3)"
+done
 
 # Expert slices of 4.5 MB (Mixtral's are 33 MB): demand loads read each slice's 2 MiB-aligned middle through a
 # huge mapping (--guanaco-huge-folios, on by default) and the rest the 4 KiB way; the logits are the reference's

@@ -169,7 +169,7 @@ static void test_options(void) {
                             "--guanaco-pilot-mass=0.5x", "--guanaco-ram=nan", "--guanaco-ram=NaN", "--guanaco-ram=inf",
                             "--guanaco-ram= 6G", "--guanaco-ram=\t6G", "--guanaco-ram=0x40000000",
                             "--guanaco-ram=+6G", "--guanaco-max-experts= 5", "--guanaco-max-experts=+5",
-                            "--guanaco-status-every= 32"};
+                            "--guanaco-status-every= 32", "--guanaco-when-fits=sometimes", "--guanaco-when-fits="};
     for (size_t i = 0; i < sizeof(absurd) / sizeof(absurd[0]); i++) {
         char flag[64];
         snprintf(flag, sizeof(flag), "%s", absurd[i]);
@@ -204,6 +204,18 @@ static void test_options(void) {
     argc = 2;
     CHECK(guanaco_options_parse_argv(&argc, fractional) == 0);
     CHECK(guanaco_options_get(&options) == 0 && options.ram_bytes == 3ull << 29);
+    /* An explicit budget that holds every expert hands them to llama.cpp unless told to keep the engine. */
+    CHECK(guanaco_options_get(&options) == 0 && options.when_fits == GUANACO_WHEN_FITS_PLAIN);
+    char w1[] = "--guanaco-when-fits", w2[] = "engine";
+    char *when_fits[] = {a0, w1, w2, NULL};
+    argc = 3;
+    CHECK(guanaco_options_parse_argv(&argc, when_fits) == 0 && argc == 1);
+    CHECK(guanaco_options_get(&options) == 0 && options.when_fits == GUANACO_WHEN_FITS_ENGINE);
+    char w3[] = "--guanaco-when-fits=plain";
+    char *when_fits_plain[] = {a0, w3, NULL};
+    argc = 2;
+    CHECK(guanaco_options_parse_argv(&argc, when_fits_plain) == 0);
+    CHECK(guanaco_options_get(&options) == 0 && options.when_fits == GUANACO_WHEN_FITS_PLAIN);
     char r9[] = "--guanaco-ram=auto";
     char *back_to_auto[] = {a0, r9, NULL};
     argc = 2;
