@@ -101,6 +101,19 @@ static inline bool in_arena_layout(const struct tensor *t) {
     return t->read_fd != t->fd;
 }
 
+/*
+ * Where in its slot an expert that starts at file offset `a` computes from. An expert repacked in the slot (through
+ * the scratch copy) is written at the slot's first byte: cache-line aligned, as ggml's own repacked buffer is
+ * (plain llama.cpp's repacked experts sit at 64 mod 4096). At the file offset's place in its page, 32 mod 64 for
+ * every GGUF measured here, each 64-byte AVX-512 load of a Q4_K block (1152 bytes) spans two cache lines; 12
+ * alternating rounds on the 8-layer Q4_K, everything resident, gave aligned / unaligned 1.034 prompts and 1.044
+ * decode by the median, better in 8 of 12 (bench/COMPUTE_PARITY.md). Everything else, a repack cache's experts
+ * included (read with O_DIRECT, so only whole pages move), keeps the file offset's place.
+ */
+static inline uint64_t slot_compute_offset(const struct tensor *t, uint64_t a, uint64_t page) {
+    return t->arena && !in_arena_layout(t) ? 0 : a % page;
+}
+
 struct layer {
     uint32_t first_tensor, n_tensors;
     uint64_t expert_bytes; /* sum of the tensors' strides: one expert's bytes in this layer */
@@ -1621,14 +1634,15 @@ static int transform_slice(struct guanaco_residency *r, const struct tensor *t, 
 }
 
 /*
- * fixed_slots: an arena tensor's expert e, read whole into its slot, is
- * transformed where it lies (through transform_source: ggml's repack reads
- * every row of an interleave group before it writes the group). The slot's
+ * fixed_slots: an arena tensor's expert e, read whole into its slot at
+ * `slice`, is transformed to `target` in the same slot (through
+ * transform_source: ggml's repack reads every row of an interleave group
+ * before it writes the group; slot_compute_offset says where). The slot's
  * pages were touched by an earlier copy or by the read, so this is ggml's
  * repack alone, where the arena paid a first touch per page, every time.
  */
 static int transform_in_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char *slice,
-                             struct slot_arrival *arrival) {
+                             char *target, struct slot_arrival *arrival) {
     if (in_arena_layout(t)) {
         return 0; /* read from a repack cache: already in the layout it computes from */
     }
@@ -1641,7 +1655,7 @@ static int transform_in_slot(struct guanaco_residency *r, const struct tensor *t
     }
     uint64_t start = guanaco_now_ns();
     memcpy(r->transform_source, slice, t->stride);
-    int err = t->transform(t->transform_context, e, r->transform_source, slice);
+    int err = t->transform(t->transform_context, e, r->transform_source, target);
     r->stats.transform_ns += guanaco_now_ns() - start;
     r->stats.transformed_bytes += err ? 0 : t->stride;
     return err;
@@ -1924,7 +1938,8 @@ static int place_slot(struct guanaco_residency *r, const struct tensor *t, uint3
     char *slot = *staging;
     *kept = !r->shared;
     if (*kept && t->arena) {
-        int err = transform_in_slot(r, t, e, slot + (a - page_down(r, a)), arrival);
+        int err = transform_in_slot(r, t, e, slot + (a - page_down(r, a)), slot + slot_compute_offset(t, a, r->page),
+                                    arrival);
         if (err) {
             return err; /* the caller discards the slot with the copies it did not place */
         }
@@ -2075,7 +2090,8 @@ static void repack_arrived(struct guanaco_io_job *job, void *context) {
     uint64_t a = t->begin + (uint64_t)e * t->stride, start = guanaco_now_ns();
     char *slice = r->staging[slot] + (a - page_down(r, a));
     memcpy(r->arrival_source, slice, t->stride);
-    int err = t->transform(t->transform_context, e, r->arrival_source, slice);
+    char *target = r->staging[slot] + slot_compute_offset(t, a, r->page);
+    int err = t->transform(t->transform_context, e, r->arrival_source, target);
     r->arrivals[slot] = (struct slot_arrival){
         .repacked = err == 0, .error = err, .transform_ns = guanaco_now_ns() - start};
     pthread_mutex_unlock(&r->arrival_lock);
@@ -3049,7 +3065,7 @@ static const char *settle_slice(struct guanaco_residency *r, size_t i, uint32_t 
     uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
     r->stats.slices_before_settled++;
     r->computed_early[i] = 1;
-    return r->staging[j] + (a - page_down(r, a));
+    return r->staging[j] + slot_compute_offset(t, a, r->page);
 }
 
 /*
@@ -3220,7 +3236,8 @@ bool guanaco_residency_expert_data(struct guanaco_residency *r, const void *weig
     if (t) {
         const char *slot = atomic_load(&r->slot_copy[slot_index(r, t, expert)]);
         uint64_t a = t->begin + (uint64_t)expert * t->stride;
-        *data = slot ? slot + (a - page_down(r, a)) : r->stream_direct ? stream_address(r, t, expert) : NULL;
+        *data = slot ? slot + slot_compute_offset(t, a, r->page)
+                     : r->stream_direct ? stream_address(r, t, expert) : NULL;
     }
     return true;
 }
