@@ -57,6 +57,10 @@ static uint64_t budget_beside_spares(uint64_t room) {
     return room > SPARE_MIN_BYTES ? room - SPARE_MIN_BYTES : 0;
 }
 
+uint64_t guanaco_plain_load_bytes(const struct guanaco_manifest *m) {
+    return m->total_bytes + m->expert_bytes + MARGIN_UNKNOWN_BYTES;
+}
+
 uint64_t guanaco_hot_non_expert_bytes(const struct guanaco_manifest *m) {
     return m->total_bytes - m->expert_bytes - m->cold_embedding_bytes;
 }

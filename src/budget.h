@@ -27,6 +27,11 @@ struct guanaco_auto_budget {
    kernel may take the others' page cache back at no cost. What the auto rule and the stream buffers' rule count. */
 uint64_t guanaco_hot_non_expert_bytes(const struct guanaco_manifest *m);
 
+/* What plain llama.cpp's own load of the model takes: the whole file in the page cache, a repacked copy of every
+   expert, and the load-time margin for the contexts. Where a process has that, an explicit budget that holds
+   every expert hands them to llama.cpp (--guanaco-when-fits plain). */
+uint64_t guanaco_plain_load_bytes(const struct guanaco_manifest *m);
+
 /* The budget `memory` bytes leave: before any context exists (contexts_known false) a fixed margin covers
    the KV cache and compute buffers; after, context_bytes are what they really hold. keeps_spares (direct
    loading) leaves guanaco_spare_limit(budget) beside the budget. */

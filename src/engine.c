@@ -191,12 +191,6 @@ static int open_traces(struct guanaco_engine *engine) {
 
 static uint64_t process_memory(bool *is_limit);
 
-/* Room for plain llama.cpp's own load: the whole file in the page cache, a repacked copy of every expert, and the
-   auto rule's fixed margin (budget.c) for the contexts. */
-static uint64_t plain_load_bytes(const struct guanaco_manifest *m) {
-    return m->total_bytes + m->expert_bytes + (1ull << 30);
-}
-
 /*
  * Whether the engine has nothing to do for this model: an explicit budget (auto's may shrink once the contexts
  * exist) holds every expert, so none is ever read or dropped; the memory this process has holds what llama.cpp's
@@ -210,7 +204,7 @@ static bool holds_every_expert_without_engine(const struct guanaco_options *o, c
                                               uint64_t memory) {
     return o->streaming && o->when_fits == GUANACO_WHEN_FITS_PLAIN && o->ram_bytes >= m->expert_bytes &&
            (!o->max_experts || o->max_experts >= (uint32_t)m->n_expert) && !o->trace_replay[0] && !o->trace_out[0] &&
-           !o->audit && o->repack != GUANACO_REPACK_OFF && !o->reference && memory >= plain_load_bytes(m);
+           !o->audit && o->repack != GUANACO_REPACK_OFF && !o->reference && memory >= guanaco_plain_load_bytes(m);
 }
 
 int guanaco_engine_open(const char *path, const char *const *split_paths, size_t n_split_paths, bool dry_run,
@@ -254,7 +248,7 @@ int guanaco_engine_open(const char *path, const char *const *split_paths, size_t
                              "experts as it does without Guanaco (--guanaco-when-fits engine: Guanaco holds them)",
                              gib(options.ram_bytes), gib(m->expert_bytes),
                              is_limit ? "the memory limit" : "the memory available", gib(memory),
-                             gib(plain_load_bytes(m)));
+                             gib(guanaco_plain_load_bytes(m)));
         }
         guanaco_engine_close(engine);
         return 0;

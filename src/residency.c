@@ -110,8 +110,8 @@ static inline bool in_arena_layout(const struct tensor *t) {
  * decode by the median, better in 8 of 12 (bench/COMPUTE_PARITY.md). Everything else, a repack cache's experts
  * included (read with O_DIRECT, so only whole pages move), keeps the file offset's place.
  */
-static inline uint64_t slot_compute_offset(const struct tensor *t, uint64_t a, uint64_t page) {
-    return t->arena && !in_arena_layout(t) ? 0 : a % page;
+static inline char *computed_in_slot(char *slot, const struct tensor *t, uint64_t a, uint64_t page) {
+    return slot + (t->arena && !in_arena_layout(t) ? 0 : a % page);
 }
 
 struct layer {
@@ -1634,15 +1634,15 @@ static int transform_slice(struct guanaco_residency *r, const struct tensor *t, 
 }
 
 /*
- * fixed_slots: an arena tensor's expert e, read whole into its slot at
- * `slice`, is transformed to `target` in the same slot (through
- * transform_source: ggml's repack reads every row of an interleave group
- * before it writes the group; slot_compute_offset says where). The slot's
+ * fixed_slots: an arena tensor's expert e, read whole into its slot at the
+ * file offset's place in the page, is transformed to where it computes in
+ * the same slot (computed_in_slot; through transform_source: ggml's repack
+ * reads every row of an interleave group before it writes the group). The slot's
  * pages were touched by an earlier copy or by the read, so this is ggml's
  * repack alone, where the arena paid a first touch per page, every time.
  */
-static int transform_in_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char *slice,
-                             char *target, struct slot_arrival *arrival) {
+static int transform_in_slot(struct guanaco_residency *r, const struct tensor *t, uint32_t e, char *slot,
+                             struct slot_arrival *arrival) {
     if (in_arena_layout(t)) {
         return 0; /* read from a repack cache: already in the layout it computes from */
     }
@@ -1653,9 +1653,9 @@ static int transform_in_slot(struct guanaco_residency *r, const struct tensor *t
         *arrival = (struct slot_arrival){0};
         return err;
     }
-    uint64_t start = guanaco_now_ns();
-    memcpy(r->transform_source, slice, t->stride);
-    int err = t->transform(t->transform_context, e, r->transform_source, target);
+    uint64_t start = guanaco_now_ns(), a = t->begin + (uint64_t)e * t->stride;
+    memcpy(r->transform_source, slot + (a - page_down(r, a)), t->stride);
+    int err = t->transform(t->transform_context, e, r->transform_source, computed_in_slot(slot, t, a, r->page));
     r->stats.transform_ns += guanaco_now_ns() - start;
     r->stats.transformed_bytes += err ? 0 : t->stride;
     return err;
@@ -1938,8 +1938,7 @@ static int place_slot(struct guanaco_residency *r, const struct tensor *t, uint3
     char *slot = *staging;
     *kept = !r->shared;
     if (*kept && t->arena) {
-        int err = transform_in_slot(r, t, e, slot + (a - page_down(r, a)), slot + slot_compute_offset(t, a, r->page),
-                                    arrival);
+        int err = transform_in_slot(r, t, e, slot, arrival);
         if (err) {
             return err; /* the caller discards the slot with the copies it did not place */
         }
@@ -2090,7 +2089,7 @@ static void repack_arrived(struct guanaco_io_job *job, void *context) {
     uint64_t a = t->begin + (uint64_t)e * t->stride, start = guanaco_now_ns();
     char *slice = r->staging[slot] + (a - page_down(r, a));
     memcpy(r->arrival_source, slice, t->stride);
-    char *target = r->staging[slot] + slot_compute_offset(t, a, r->page);
+    char *target = computed_in_slot(r->staging[slot], t, a, r->page);
     int err = t->transform(t->transform_context, e, r->arrival_source, target);
     r->arrivals[slot] = (struct slot_arrival){
         .repacked = err == 0, .error = err, .transform_ns = guanaco_now_ns() - start};
@@ -3065,7 +3064,7 @@ static const char *settle_slice(struct guanaco_residency *r, size_t i, uint32_t 
     uint64_t a = t->begin + (uint64_t)r->missing[i] * t->stride;
     r->stats.slices_before_settled++;
     r->computed_early[i] = 1;
-    return r->staging[j] + slot_compute_offset(t, a, r->page);
+    return computed_in_slot(r->staging[j], t, a, r->page);
 }
 
 /*
@@ -3236,7 +3235,7 @@ bool guanaco_residency_expert_data(struct guanaco_residency *r, const void *weig
     if (t) {
         const char *slot = atomic_load(&r->slot_copy[slot_index(r, t, expert)]);
         uint64_t a = t->begin + (uint64_t)expert * t->stride;
-        *data = slot ? slot + slot_compute_offset(t, a, r->page)
+        *data = slot ? computed_in_slot((char *)slot, t, a, r->page)
                      : r->stream_direct ? stream_address(r, t, expert) : NULL;
     }
     return true;

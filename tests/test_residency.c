@@ -144,16 +144,16 @@ static uint64_t damon_pageout_bytes(void) {
         bool updated = on && fseek(state, 0, SEEK_SET) == 0 && fputs("update_schemes_stats", state) >= 0;
         updated = fclose(state) == 0 && updated;
         for (int c = 0; updated && c < 16; c++) {
-            for (int s = 0; s < 64; s++) {
-                snprintf(path, sizeof(path), "%s/%d/contexts/%d/schemes/%d/action", admin, k, c, s);
+            for (int sch = 0; sch < 64; sch++) {
+                snprintf(path, sizeof(path), "%s/%d/contexts/%d/schemes/%d/action", admin, k, c, sch);
                 FILE *action = fopen(path, "r");
-                bool pageout = action && fgets(text, sizeof(text), action) && strncmp(text, "pageout", 7) == 0;
                 if (!action) {
-                    c = s == 0 ? 16 : c; /* no scheme 0: no such context */
+                    updated = sch > 0; /* a context without scheme 0 is no context: the last one was */
                     break;
                 }
+                bool pageout = fgets(text, sizeof(text), action) && strncmp(text, "pageout", 7) == 0;
                 fclose(action);
-                snprintf(path, sizeof(path), "%s/%d/contexts/%d/schemes/%d/stats/sz_applied", admin, k, c, s);
+                snprintf(path, sizeof(path), "%s/%d/contexts/%d/schemes/%d/stats/sz_applied", admin, k, c, sch);
                 FILE *applied = pageout ? fopen(path, "r") : NULL;
                 unsigned long long bytes = 0;
                 if (applied && fscanf(applied, "%llu", &bytes) == 1) {
@@ -176,6 +176,12 @@ static bool damon_paged_out_since_asked(void) {
     bool moved = now != damon_mark;
     damon_mark = now;
     return moved;
+}
+
+/* Whether the kernel took file pages on its own since `vmstat_mark` (file_pages_reclaimed()): reclaim that vmstat
+   counts, or DAMON's pageout since it was last asked. Only asked once a page is found gone. */
+static bool kernel_took_pages_since(uint64_t vmstat_mark) {
+    return file_pages_reclaimed() != vmstat_mark || damon_paged_out_since_asked();
 }
 
 static uint64_t reclaim_mark;    /* file_pages_reclaimed() at the end of the last verify() */
@@ -968,7 +974,7 @@ static void verify(const struct model *m, struct guanaco_residency *r, uint32_t 
        pressure: vmstat counts reclaim since the last check, or DAMON's own count moved since it was last asked
        (an edge page it took failed this check once in CI). */
     if (bad.missing) {
-        bool pressure = file_pages_reclaimed() != reclaim_mark || damon_paged_out_since_asked();
+        bool pressure = kernel_took_pages_since(reclaim_mark);
         size_t refaulted = 0;
         for (uint32_t l = 0; l < m->n_layer; l++) {
             for (uint32_t x = 0; x < N_EXPERT && is_moe(m, l); x++) {
@@ -1471,7 +1477,7 @@ static bool warm_and_adopt(const struct model *m, const struct guanaco_residency
         CHECK(guanaco_residency_adopt_cached(*r, per_layer, adopted) == 0);
         bool as_expected = *adopted == (uint64_t)per_layer * (m->n_layer - 1) &&
                            holds_experts(m, *r, first, first + per_layer);
-        if (as_expected || (intact && file_pages_reclaimed() == mark && !damon_paged_out_since_asked())) {
+        if (as_expected || (intact && !kernel_took_pages_since(mark))) {
             return true; /* right, or wrong with nothing to blame but the engine: the checks that follow fail */
         }
         guanaco_residency_destroy(*r);
@@ -1627,7 +1633,7 @@ static bool check_stream_all_but_one(const struct model *m, struct guanaco_resid
         }
     }
     free(mapped);
-    const bool taken = unmapped && (file_pages_reclaimed() != steal_mark || damon_paged_out_since_asked());
+    const bool taken = unmapped && kernel_took_pages_since(steal_mark);
     if (unmapped && !taken) {
         fprintf(stderr, "stream without expert %u of layer %u: %zu pages of needed experts not mapped\n", x, layer,
                 unmapped);
