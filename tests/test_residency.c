@@ -972,9 +972,13 @@ static void verify(const struct model *m, struct guanaco_residency *r, uint32_t 
        page missing from a slice that keeps other pages cached is not ours. Those, and under pressure all, are
        faulted back through the engine's mapping (MADV_RANDOM there: one page each) and the check repeats. Under
        pressure: vmstat counts reclaim since the last check, or DAMON's own count moved since it was last asked
-       (an edge page it took failed this check once in CI). */
-    if (bad.missing) {
-        bool pressure = kernel_took_pages_since(reclaim_mark);
+       (an edge page it took failed this check once in CI). DAMON watches physical memory by regions, so a page
+       faulted back can land in a region it still thinks cold and go again at once (seen once in CI under TSan):
+       each retry needs fresh evidence that the kernel took pages, and the retries are few. */
+    uint64_t vmstat_mark = reclaim_mark;
+    for (int attempt = 0; bad.missing && attempt < 5; attempt++) {
+        bool pressure = kernel_took_pages_since(vmstat_mark);
+        vmstat_mark = file_pages_reclaimed();
         size_t refaulted = 0;
         for (uint32_t l = 0; l < m->n_layer; l++) {
             for (uint32_t x = 0; x < N_EXPERT && is_moe(m, l); x++) {
@@ -1003,6 +1007,8 @@ static void verify(const struct model *m, struct guanaco_residency *r, uint32_t 
             free(mapped);
             mapped = read_pagemap(m->map, n_pages);
             bad = count_bad_pages(state, cached, mapped, n_pages);
+        } else {
+            break;
         }
     }
     size_t missing = bad.missing, stray_cached = bad.stray_cached, stray_mapped = bad.stray_mapped;
