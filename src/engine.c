@@ -106,12 +106,14 @@ static void maybe_log_status(struct guanaco_engine *engine, uint64_t done_before
     }
     struct guanaco_residency_stats st;
     guanaco_residency_get_stats(engine->residency, &st);
-    uint64_t mapped = 0;
+    uint64_t mapped = 0, file_pages = 0;
     char tail[200] = "";
-    if (engine->options.audit && guanaco_residency_audit(engine->residency, &mapped) == 0) {
-        /* read-ahead in the page cache counts: it is inside the budget too */
-        snprintf(tail, sizeof(tail), "; RAM: accounted %.1f MiB, mincore %.1f MiB",
-                 (double)(st.resident_bytes + st.prefetch_outstanding_bytes) / 1048576.0, (double)mapped / 1048576.0);
+    if (engine->options.audit && guanaco_residency_audit(engine->residency, &mapped, &file_pages) == 0) {
+        /* read-ahead in the page cache counts: it is inside the budget too. The file's share tells direct loading's
+           experts (own copies) from what the kernel read around faults on the other weights. */
+        snprintf(tail, sizeof(tail), "; RAM: accounted %.1f MiB, mincore %.1f MiB (%.1f of it the file's page cache)",
+                 (double)(st.resident_bytes + st.prefetch_outstanding_bytes) / 1048576.0, (double)mapped / 1048576.0,
+                 (double)file_pages / 1048576.0);
     }
     char what[64];
     snprintf(what, sizeof(what), "status at token %llu", (unsigned long long)done_after);

@@ -3631,12 +3631,43 @@ static int compare_ranges(const void *a, const void *b) {
     return x->start < y->start ? -1 : x->start > y->start;
 }
 
-int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_resident_bytes) {
+/* mincore over n page-aligned ranges, sorted and merged first (adjacent tensors of one shard share a page: counted
+   once): adds the resident pages to *resident_pages. 0 or -errno. */
+static int count_resident_pages(struct guanaco_residency *r, struct address_range *ranges, uint32_t n,
+                                uint64_t *resident_pages) {
+    qsort(ranges, n, sizeof(*ranges), compare_ranges);
+    for (uint32_t i = 0; i < n;) {
+        uintptr_t start = ranges[i].start, end = ranges[i].end;
+        for (i++; i < n && ranges[i].start <= end; i++) {
+            end = ranges[i].end > end ? ranges[i].end : end;
+        }
+        for (uintptr_t at = start; at < end;) {
+            size_t pages = (end - at) / r->page;
+            pages = pages < AUDIT_PAGES ? pages : AUDIT_PAGES;
+            if (mincore((void *)at, pages * r->page, r->audit_vector) != 0) {
+                int err = -errno;
+                guanaco_log_error("residency: mincore over expert pages: %s", strerror(-err));
+                return err;
+            }
+            for (size_t p = 0; p < pages; p++) {
+                *resident_pages += r->audit_vector[p] & 1;
+            }
+            at += pages * r->page;
+        }
+    }
+    return 0;
+}
+
+int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_resident_bytes, uint64_t *file_page_bytes) {
     *mapped_resident_bytes = 0;
+    if (file_page_bytes) {
+        *file_page_bytes = 0;
+    }
     struct address_range *ranges = calloc(r->n_tensors ? 2 * r->n_tensors : 1, sizeof(*ranges));
     if (!ranges) {
         return -ENOMEM;
     }
+    uint64_t resident_pages = 0;
     pthread_mutex_lock(&r->lock);
     (void)finish_deferred(r, true); /* its error was the caller's to see at the end of its graph */
     /* What the policy let go is not counted as resident; a streamed layer's pages stay, and count, until the
@@ -3667,29 +3698,10 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
             ranges[n_ranges++] = (struct address_range){a, a + (uintptr_t)page_up(r, t->end - t->begin)};
         }
     }
-    /* Adjacent tensors of one shard share a page; merged, it is counted once. */
-    qsort(ranges, n_ranges, sizeof(*ranges), compare_ranges);
-    int err = 0;
-    uint64_t resident_pages = 0;
-    for (uint32_t i = 0; i < n_ranges && !err;) {
-        uintptr_t start = ranges[i].start, end = ranges[i].end;
-        for (i++; i < n_ranges && ranges[i].start <= end; i++) {
-            end = ranges[i].end > end ? ranges[i].end : end;
-        }
-        for (uintptr_t at = start; at < end;) {
-            size_t pages = (end - at) / r->page;
-            pages = pages < AUDIT_PAGES ? pages : AUDIT_PAGES;
-            if (mincore((void *)at, pages * r->page, r->audit_vector) != 0) {
-                err = -errno;
-                guanaco_log_error("residency: mincore over expert pages: %s", strerror(-err));
-                break;
-            }
-            for (size_t p = 0; p < pages; p++) {
-                resident_pages += r->audit_vector[p] & 1;
-            }
-            at += pages * r->page;
-        }
-    }
+    /* The file's pages first, then the arenas': the caller learns how much is page cache. */
+    int err = count_resident_pages(r, ranges, r->n_tensors, &resident_pages);
+    uint64_t file_pages = resident_pages;
+    err = err ? err : count_resident_pages(r, ranges + r->n_tensors, n_ranges - r->n_tensors, &resident_pages);
     /* fixed_slots: the copies, which the mapping does not hold */
     for (size_t i = 0; !err && r->slot_copy && i < (size_t)r->n_layer * r->n_expert * r->max_tensors_in_layer; i++) {
         char *copy = atomic_load(&r->slot_copy[i]);
@@ -3708,6 +3720,9 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
     pthread_mutex_unlock(&r->lock);
     free(ranges);
     *mapped_resident_bytes = resident_pages * r->page;
+    if (file_page_bytes) {
+        *file_page_bytes = file_pages * r->page;
+    }
     return err;
 }
 

@@ -368,9 +368,11 @@ void guanaco_residency_mark_absent(const struct guanaco_residency *r, uint32_t l
  * mincore over every expert tensor's mapped range (rounded outward to pages,
  * pages shared by two tensors counted once), and over every fixed slot's
  * copy: bytes of expert pages actually resident, page granularity. On a shared file mapping mincore reports the
- * page cache, so this is the RAM the experts really hold. 0 or -errno.
+ * page cache, so this is the RAM the experts really hold. *file_page_bytes (may be NULL) gets the part that is the
+ * file's page cache, the rest being the engine's own memory (arenas, slot copies): with direct loading the experts
+ * live in the latter, and the former is whatever the kernel read around faults on the other weights. 0 or -errno.
  */
-int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_resident_bytes);
+int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_resident_bytes, uint64_t *file_page_bytes);
 
 /*
  * Drops the cached pages of every expert slice that is not resident, which
