@@ -79,6 +79,9 @@ rules = {
     "least likely first (decayed frequency, half-life 16 tokens)": lambda i, l, k, s: -p_frequency(k, s),
     "longest expected wait first (frequency and layer distance)": lambda i, l, k, s: layer_distance(l, k) + N_LAYER * (1 / min(p_frequency(k, s), 1) - 1),
     "pilot for the next layer, repeat rate for the rest, per layer distance": lambda i, l, k, s: -p_pilot(i, l, k, s) / layer_distance(l, k),
+    "the next layer's routing known exactly (an ideal pilot or gate), repeat rate for the rest": lambda i, l, k, s: -(
+        float(next_use(i, k) <= i + 1) if k[0] == l + 1 else 0.37 if s["last"].get(k, -9) >= s["token"] - 1 else 0.16
+    ) / layer_distance(l, k),
     "one token of the future known (an ideal next-token predictor)": lambda i, l, k, s: (
         (1, layer_distance(l, k)) if next_use(i, k) > i + layer_distance(l, k) else (0, -layer_distance(l, k))),
 }
