@@ -3631,8 +3631,26 @@ static int compare_ranges(const void *a, const void *b) {
     return x->start < y->start ? -1 : x->start > y->start;
 }
 
-/* mincore over n page-aligned ranges, sorted and merged first (adjacent tensors of one shard share a page: counted
-   once): adds the resident pages to *resident_pages. 0 or -errno. */
+/* mincore over [start, start + pages pages), in AUDIT_PAGES pieces: adds the resident pages to *resident_pages.
+   0 or -errno, logged as a mincore over `what`. */
+static int count_resident_range(struct guanaco_residency *r, uintptr_t start, size_t pages, const char *what,
+                                uint64_t *resident_pages) {
+    for (size_t at = 0; at < pages; at += AUDIT_PAGES) {
+        size_t count = pages - at < AUDIT_PAGES ? pages - at : AUDIT_PAGES;
+        if (mincore((void *)(start + at * r->page), count * r->page, r->audit_vector) != 0) {
+            int err = -errno;
+            guanaco_log_error("residency: mincore over %s: %s", what, strerror(-err));
+            return err;
+        }
+        for (size_t p = 0; p < count; p++) {
+            *resident_pages += r->audit_vector[p] & 1;
+        }
+    }
+    return 0;
+}
+
+/* count_resident_range over n page-aligned ranges, sorted and merged first (adjacent tensors of one shard share a
+   page: counted once). */
 static int count_resident_pages(struct guanaco_residency *r, struct address_range *ranges, uint32_t n,
                                 uint64_t *resident_pages) {
     qsort(ranges, n, sizeof(*ranges), compare_ranges);
@@ -3641,18 +3659,9 @@ static int count_resident_pages(struct guanaco_residency *r, struct address_rang
         for (i++; i < n && ranges[i].start <= end; i++) {
             end = ranges[i].end > end ? ranges[i].end : end;
         }
-        for (uintptr_t at = start; at < end;) {
-            size_t pages = (end - at) / r->page;
-            pages = pages < AUDIT_PAGES ? pages : AUDIT_PAGES;
-            if (mincore((void *)at, pages * r->page, r->audit_vector) != 0) {
-                int err = -errno;
-                guanaco_log_error("residency: mincore over expert pages: %s", strerror(-err));
-                return err;
-            }
-            for (size_t p = 0; p < pages; p++) {
-                *resident_pages += r->audit_vector[p] & 1;
-            }
-            at += pages * r->page;
+        int err = count_resident_range(r, start, (end - start) / r->page, "expert pages", resident_pages);
+        if (err) {
+            return err;
         }
     }
     return 0;
@@ -3706,16 +3715,7 @@ int guanaco_residency_audit(struct guanaco_residency *r, uint64_t *mapped_reside
     for (size_t i = 0; !err && r->slot_copy && i < (size_t)r->n_layer * r->n_expert * r->max_tensors_in_layer; i++) {
         char *copy = atomic_load(&r->slot_copy[i]);
         size_t pages = copy ? (size_t)(slot_length(r, tensor_of_slot(r, i)) / r->page) : 0;
-        for (size_t at = 0; at < pages && !err; at += AUDIT_PAGES) {
-            size_t count = pages - at < AUDIT_PAGES ? pages - at : AUDIT_PAGES;
-            if (mincore(copy + at * r->page, count * r->page, r->audit_vector) != 0) {
-                err = -errno;
-                guanaco_log_error("residency: mincore over an expert copy: %s", strerror(-err));
-            }
-            for (size_t p = 0; !err && p < count; p++) {
-                resident_pages += r->audit_vector[p] & 1;
-            }
-        }
+        err = count_resident_range(r, (uintptr_t)copy, pages, "an expert copy", &resident_pages);
     }
     pthread_mutex_unlock(&r->lock);
     free(ranges);
